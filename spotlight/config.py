@@ -1,0 +1,174 @@
+"""Run configuration: typed, validated, loaded from YAML with errors that name the field.
+
+A run is fully described by its config and seed. Every section has defaults that run on a 2-core
+CPU, so ``spotlight train`` with no config is the embedded default task.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message is one line naming the field and the fix."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSection(Section):
+    """TinyDiT architecture (used by ``pretrain``; ``train`` takes it from the base checkpoint)."""
+
+    image_size: int = Field(32, ge=8)
+    patch_size: int = Field(4, ge=1)
+    dim: int = Field(128, ge=16)
+    depth: int = Field(6, ge=1)
+    num_heads: int = Field(4, ge=1)
+    mlp_ratio: float = Field(4.0, gt=0)
+    max_text_len: int = Field(12, ge=2)
+
+
+class RolloutSection(Section):
+    """How samples are drawn for GRPO: groups of ``group_size`` SDE samples per prompt."""
+
+    prompts_per_iteration: int = Field(16, ge=1)
+    group_size: int = Field(8, ge=2)
+    num_steps: int = Field(10, ge=1)
+    shift: float = Field(1.0, gt=0)
+    noise_level: float = Field(0.7, ge=0)
+
+
+class TrainSection(Section):
+    """The GRPO update."""
+
+    learning_rate: float = Field(1e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    clip_range: float = Field(0.2, gt=0)
+    kl_beta: float = Field(0.0, ge=0)
+    adv_std: Literal["group", "global"] = "group"
+    adv_clip: float = Field(5.0, gt=0)
+    timestep_fraction: float = Field(1.0, gt=0, le=1)
+    num_minibatches: int = Field(1, ge=1)
+    ema_decay: float | None = Field(None, ge=0, lt=1)
+
+
+class ExploreSection(Section):
+    """Seed exploration: N candidate seeds per prompt, S cheap steps, keep the G most varied."""
+
+    num_candidates: int = Field(32, ge=2)
+    num_steps: int = Field(6, ge=1)
+    sampler: Literal["sde", "ode"] = "sde"
+    staleness_floor: float = Field(0.3, ge=-1, le=1)
+
+
+class EvalSection(Section):
+    """Validation: strict accuracy of ODE samples at fixed seeds on the validation prompts."""
+
+    every: int = Field(5, ge=1)
+    seeds_per_prompt: int = Field(4, ge=1)
+    num_steps: int = Field(10, ge=1)
+    grid_prompts: int = Field(8, ge=1)
+
+
+class TrainConfig(Section):
+    """Everything ``spotlight train`` needs."""
+
+    seed: int = 0
+    mode: Literal["vanilla", "sync-explore", "stale-explore"] = "vanilla"
+    iterations: int = Field(60, ge=1)
+    base_checkpoint: str = "checkpoints/shapes-base"
+    run_dir: str = "runs/train"
+    num_threads: int = Field(2, ge=1)
+    checkpoint_every: int = Field(10, ge=1)
+    rollout: RolloutSection = RolloutSection()
+    train: TrainSection = TrainSection()
+    explore: ExploreSection = ExploreSection()
+    eval: EvalSection = EvalSection()
+
+    @model_validator(mode="after")
+    def _explore_covers_group(self) -> TrainConfig:
+        if self.mode != "vanilla" and self.explore.num_candidates < self.rollout.group_size:
+            raise ValueError(
+                f"explore.num_candidates must be >= rollout.group_size "
+                f"({self.explore.num_candidates} < {self.rollout.group_size})"
+            )
+        return self
+
+
+class PretrainConfig(Section):
+    """Everything ``spotlight pretrain`` needs: flow matching on rendered (prompt, image) pairs."""
+
+    seed: int = 0
+    steps: int = Field(6000, ge=1)
+    batch_size: int = Field(64, ge=1)
+    learning_rate: float = Field(3e-4, gt=0)
+    warmup_steps: int = Field(200, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    ema_decay: float = Field(0.999, ge=0, lt=1)
+    out_dir: str = "runs/pretrain"
+    num_threads: int = Field(2, ge=1)
+    eval_every: int = Field(1000, ge=1)
+    model: ModelSection = ModelSection()
+    eval: EvalSection = EvalSection()
+
+
+def _format_validation_error(error: ValidationError, source: str) -> str:
+    first = error.errors()[0]
+    field = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    detail = first["msg"]
+    got = "" if first["type"] == "value_error" else f" (got {first.get('input')!r})"
+    if first["type"] == "extra_forbidden":
+        detail = "unknown field (check the spelling; see configs/ for every field)"
+    more = f" (+{error.error_count() - 1} more)" if error.error_count() > 1 else ""
+    return f"{source}: {field}: {detail}{got}{more}"
+
+
+def parse_config(model: type[Section], data: dict[str, Any], source: str = "config") -> Any:
+    """Validate ``data`` into ``model``, raising a one-line :class:`ConfigError`."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(_format_validation_error(error, source)) from None
+
+
+def load_config(model: type[Section], path: str | Path | None, overrides: list[str] | None = None) -> Any:
+    """Load a YAML config (or the defaults when ``path`` is None) and apply ``key.sub=value`` overrides."""
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        path = Path(path)
+        source = str(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist: pass an existing YAML file (see configs/)")
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"{path}:{where} is not valid YAML ({getattr(error, 'problem', error)})") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(loaded).__name__}")
+        data = loaded or {}
+    for override in overrides or []:
+        key, sep, raw = override.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {override!r} must look like section.field=value")
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {override!r}: {part} is not a section")
+        node[parts[-1]] = yaml.safe_load(raw)
+    return parse_config(model, data, source)
+
+
+def dump_config(config: Section, path: Path) -> None:
+    """Write the resolved config as YAML (the run directory's record of what ran)."""
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))

@@ -1,0 +1,128 @@
+"""Checkpoints: model weights as safetensors, optimizer and RNG as torch files, written atomically.
+
+A checkpoint is a directory. It is written under a temporary name and renamed into place, and the
+``latest`` pointer is replaced atomically after it, so a run killed at any moment leaves either the
+previous checkpoint or the new one, never a torn one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
+
+MODEL_FILE = "model.safetensors"
+MODEL_CONFIG_FILE = "model.json"
+
+
+class CheckpointError(FileNotFoundError):
+    """A checkpoint that is missing or unreadable; the message names the path and the fix."""
+
+
+def _state_dict_for_saving(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().contiguous().cpu() for name, tensor in model.state_dict().items()}
+
+
+def save_model(directory: Path, model: TinyDiT, metadata: dict[str, Any] | None = None) -> None:
+    """Write a self-describing model directory: weights (safetensors) and architecture + metadata (JSON)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(_state_dict_for_saving(model), str(directory / MODEL_FILE))
+    description = {"architecture": "TinyDiT", "config": model.config.to_dict(), "metadata": metadata or {}}
+    (directory / MODEL_CONFIG_FILE).write_text(json.dumps(description, indent=2))
+
+
+def load_model(directory: str | Path, weights_file: str = MODEL_FILE) -> TinyDiT:
+    """Rebuild a TinyDiT from a model directory written by :func:`save_model` (or a training checkpoint)."""
+    directory = Path(directory)
+    config_path, weights_path = directory / MODEL_CONFIG_FILE, directory / weights_file
+    for path in (config_path, weights_path):
+        if not path.is_file():
+            raise CheckpointError(
+                f"checkpoint file {path} is missing: point base_checkpoint / --checkpoint at a directory "
+                f"made by 'spotlight pretrain' or 'spotlight train' (it holds {MODEL_CONFIG_FILE} and {MODEL_FILE})"
+            )
+    try:
+        description = json.loads(config_path.read_text())
+        model = TinyDiT(TinyDiTConfig(**description["config"]))
+        model.load_state_dict(load_file(str(weights_path)))
+    except (ValueError, KeyError, RuntimeError, TypeError) as error:
+        raise CheckpointError(f"checkpoint {directory} is unreadable ({type(error).__name__}: {error})") from None
+    return model
+
+
+def read_model_metadata(directory: str | Path) -> dict[str, Any]:
+    """The metadata dict stored beside a model's weights."""
+    return json.loads((Path(directory) / MODEL_CONFIG_FILE).read_text()).get("metadata", {})
+
+
+@dataclass
+class TrainingState:
+    """What a training checkpoint restores besides the model weights."""
+
+    iteration: int
+    optimizer: dict[str, Any]
+    ema: dict[str, torch.Tensor] | None
+    rng: dict[str, Any]
+    extra: dict[str, Any]
+
+
+def save_training_checkpoint(
+    run_dir: Path,
+    iteration: int,
+    model: TinyDiT,
+    optimizer: torch.optim.Optimizer,
+    ema: torch.nn.Module | None,
+    extra: dict[str, Any],
+) -> Path:
+    """Atomically write ``run_dir/checkpoints/iter-XXXXXX`` and point ``latest`` at it; returns its path."""
+    root = Path(run_dir) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"iter-{iteration:06d}"
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
+    save_model(staging, model, {"iteration": iteration})
+    if ema is not None:
+        save_file(_state_dict_for_saving(ema), str(staging / "ema.safetensors"))
+    torch.save(
+        {"optimizer": optimizer.state_dict(), "rng": {"torch": torch.get_rng_state()}, "extra": extra,
+         "iteration": iteration},
+        staging / "training_state.pt",
+    )
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(staging, final)
+    pointer_tmp = root / ".latest.tmp"
+    pointer_tmp.write_text(final.name)
+    os.replace(pointer_tmp, root / "latest")
+    return final
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint of a run, or None if it has none."""
+    pointer = Path(run_dir) / "checkpoints" / "latest"
+    if not pointer.is_file():
+        return None
+    path = pointer.parent / pointer.read_text().strip()
+    return path if path.is_dir() else None
+
+
+def load_training_state(checkpoint: Path) -> TrainingState:
+    """Read the optimizer, EMA, RNG and loop state of a checkpoint written by :func:`save_training_checkpoint`."""
+    state_path = Path(checkpoint) / "training_state.pt"
+    if not state_path.is_file():
+        raise CheckpointError(f"{state_path} is missing: --resume needs a checkpoint written by 'spotlight train'")
+    state = torch.load(state_path, weights_only=False)
+    ema_path = Path(checkpoint) / "ema.safetensors"
+    ema = load_file(str(ema_path)) if ema_path.is_file() else None
+    return TrainingState(
+        iteration=state["iteration"], optimizer=state["optimizer"], ema=ema, rng=state["rng"], extra=state["extra"]
+    )
