@@ -42,22 +42,7 @@ def select_max_variance(rewards: Tensor, group_size: int) -> Tensor:
     if not bool(torch.isfinite(rewards).all()):
         raise ValueError("rewards must be finite; drop NaN/inf candidates first (select_seeds does this)")
 
-    values = rewards.detach().to(torch.float64)
-    # Centring before the prefix sums keeps sum(x²) - (sum x)²/G from cancelling catastrophically
-    # when rewards sit far from zero (e.g. 0.9 ± 1e-4).
-    values = values - values.mean()
-    sorted_values, order = torch.sort(values, stable=True)
-    zero = sorted_values.new_zeros(1)
-    prefix_sum = torch.cat([zero, sorted_values.cumsum(0)])  # (N+1,) sums of the i smallest
-    prefix_sq = torch.cat([zero, (sorted_values**2).cumsum(0)])
-    num_small = torch.arange(group_size + 1)  # i = how many of the smallest are kept
-    num_large = group_size - num_small
-    total = prefix_sum[num_small] + (prefix_sum[-1] - prefix_sum[num_candidates - num_large])
-    total_sq = prefix_sq[num_small] + (prefix_sq[-1] - prefix_sq[num_candidates - num_large])
-    scaled_variance = total_sq - total**2 / group_size  # G · Var for each split, (G+1,)
-    best = int(torch.argmax(scaled_variance))
-    chosen = torch.cat([order[:best], order[num_candidates - (group_size - best) :]])
-    return torch.sort(chosen).values
+    return _max_variance_rows(rewards.detach().to(torch.float64).unsqueeze(0), group_size)[0]
 
 
 @dataclass(frozen=True)
@@ -112,31 +97,66 @@ def select_seeds(
         raise ValueError(f"eps must be >= 0 (got {eps})")
 
     values = rewards.detach().to(torch.float64)
+    finite = torch.isfinite(values)
     indices = torch.empty(num_prompts, group_size, dtype=torch.int64)
-    variance = torch.zeros(num_prompts, dtype=torch.float64)
     degenerate = torch.zeros(num_prompts, dtype=torch.bool)
-    for prompt in range(num_prompts):
-        finite = torch.isfinite(values[prompt])
-        valid = torch.nonzero(finite).flatten()
+    complete = finite.all(dim=1)  # the common case, scanned for all prompts at once
+    if bool(complete.any()):
+        indices[complete] = _max_variance_rows(values[complete], group_size)
+    for prompt in torch.nonzero(~complete).flatten().tolist():
+        valid = torch.nonzero(finite[prompt]).flatten()
         if valid.numel() >= group_size:
-            chosen = valid[select_max_variance(values[prompt, valid], group_size)]
-            if float(values[prompt, chosen].var(unbiased=False)) < eps:
-                pick = torch.randperm(valid.numel(), generator=generator)[:group_size]
-                chosen = valid[pick]
-                degenerate[prompt] = True
+            indices[prompt] = torch.sort(
+                valid[_max_variance_rows(values[prompt, valid][None], group_size)[0]]
+            ).values
         else:
-            invalid = torch.nonzero(~finite).flatten()
+            invalid = torch.nonzero(~finite[prompt]).flatten()
             fill = invalid[torch.randperm(invalid.numel(), generator=generator)[: group_size - valid.numel()]]
-            chosen = torch.cat([valid, fill])
+            indices[prompt] = torch.sort(torch.cat([valid, fill])).values
             degenerate[prompt] = True
-        chosen = torch.sort(chosen).values
-        indices[prompt] = chosen
-        kept = values[prompt, chosen]
-        kept = kept[torch.isfinite(kept)]
-        variance[prompt] = kept.var(unbiased=False) if kept.numel() > 0 else 0.0
+    variance = _finite_variance(torch.gather(values, 1, indices))
+    for prompt in torch.nonzero(~degenerate & (variance < eps)).flatten().tolist():
+        valid = torch.nonzero(finite[prompt]).flatten()
+        pick = torch.randperm(valid.numel(), generator=generator)[:group_size]
+        indices[prompt] = torch.sort(valid[pick]).values
+        degenerate[prompt] = True
+    variance = _finite_variance(torch.gather(values, 1, indices))
     return SelectionResult(
         seeds=torch.gather(seeds, 1, indices), indices=indices, variance=variance, degenerate=degenerate
     )
+
+
+def _max_variance_rows(values: Tensor, group_size: int) -> Tensor:
+    """Row-wise split scan of select_max_variance: values (P, N) finite float64 -> (P, G) sorted indices."""
+    num_candidates = values.shape[1]
+    # Centring before the prefix sums keeps sum(x²) - (sum x)²/G from cancelling catastrophically
+    # when rewards sit far from zero (e.g. 0.9 ± 1e-4).
+    values = values - values.mean(dim=1, keepdim=True)
+    sorted_values, order = torch.sort(values, dim=1, stable=True)
+    zero = sorted_values.new_zeros(values.shape[0], 1)
+    prefix_sum = torch.cat([zero, sorted_values.cumsum(1)], dim=1)  # (P, N+1): sums of the i smallest
+    prefix_sq = torch.cat([zero, (sorted_values**2).cumsum(1)], dim=1)
+    num_small = torch.arange(group_size + 1)  # i = how many of the smallest are kept
+    num_large = group_size - num_small
+    top = num_candidates - num_large
+    total = prefix_sum[:, num_small] + (prefix_sum[:, -1:] - prefix_sum[:, top])
+    total_sq = prefix_sq[:, num_small] + (prefix_sq[:, -1:] - prefix_sq[:, top])
+    scaled_variance = total_sq - total**2 / group_size  # (P, G+1): G · Var of each split
+    best = torch.argmax(scaled_variance, dim=1, keepdim=True)  # first maximum: deterministic
+    # Sorted position k is kept when k < i (among the i smallest) or k >= N - (G - i).
+    positions = torch.arange(num_candidates).unsqueeze(0)
+    keep = (positions < best) | (positions >= num_candidates - group_size + best)
+    chosen = order.masked_select(keep).view(values.shape[0], group_size)
+    return torch.sort(chosen, dim=1).values
+
+
+def _finite_variance(values: Tensor) -> Tensor:
+    """Population variance of each row's finite entries, (P, G) -> (P,); 0.0 for rows with none."""
+    finite = torch.isfinite(values)
+    count = finite.sum(dim=1).clamp(min=1)
+    filled = torch.where(finite, values, 0.0)
+    mean = filled.sum(dim=1, keepdim=True) / count[:, None]
+    return torch.where(finite, (filled - mean) ** 2, 0.0).sum(dim=1) / count
 
 
 def _check_group_size(group_size: int, num_candidates: int) -> None:
