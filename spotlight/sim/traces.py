@@ -377,8 +377,12 @@ def poisson_trace(
     uptime fraction is L / (L + R) at every t, not only after a warm-up. Nodes keep their names
     (node0 …) across restarts, like a fixed set of local logical nodes.
     """
-    _require_positive(num_nodes=num_nodes, mean_lifetime_s=mean_lifetime_s,
-                      mean_restart_s=mean_restart_s, duration_s=duration_s)
+    _require_positive(
+        num_nodes=num_nodes,
+        mean_lifetime_s=mean_lifetime_s,
+        mean_restart_s=mean_restart_s,
+        duration_s=duration_s,
+    )
     rng = np.random.default_rng(seed)
     up_fraction = mean_lifetime_s / (mean_lifetime_s + mean_restart_s)
     events: list[NodeEvent] = []
