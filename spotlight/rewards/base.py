@@ -1,0 +1,126 @@
+"""The reward interface, and the guard that keeps one bad sample from failing a batch.
+
+A reward maps images (B, 3, H, W) in [0, 1] and their prompts to one number per image. Rewards run
+code that can fail on odd inputs (a detector, an OCR model, a remote server); `guarded_score`
+confines such a failure to the samples that cause it, so the RL step can drop them and go on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+
+class RewardError(RuntimeError):
+    """A reward failed for every sample of a batch: the run cannot learn from it."""
+
+
+@dataclass
+class RewardOutput:
+    """Per-sample rewards of one batch.
+
+    rewards: float32 (B,); 0 where not valid.
+    strict:  bool (B,); the image satisfies the prompt exactly (e.g. GenEval's strict accuracy).
+    valid:   bool (B,); False where the reward could not be computed for that sample.
+    errors:  one line per sample that failed, naming its index, prompt and the error.
+    """
+
+    rewards: torch.Tensor
+    strict: torch.Tensor
+    valid: torch.Tensor
+    errors: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        n = self.rewards.shape[0] if self.rewards.dim() == 1 else -1
+        if n < 0 or self.strict.shape != (n,) or self.valid.shape != (n,):
+            raise ValueError(
+                "RewardOutput.rewards, .strict and .valid must all have shape (B,) "
+                f"(got {tuple(self.rewards.shape)}, {tuple(self.strict.shape)}, {tuple(self.valid.shape)})"
+            )
+        if self.strict.dtype != torch.bool or self.valid.dtype != torch.bool:
+            raise ValueError(
+                f"RewardOutput.strict and .valid must be bool tensors (got {self.strict.dtype}, "
+                f"{self.valid.dtype})"
+            )
+
+
+class Reward(Protocol):
+    """A reward: `score` takes images float (B, 3, H, W) in [0, 1] and B prompts."""
+
+    name: str
+
+    def score(self, images: torch.Tensor, prompts: Sequence[str]) -> RewardOutput: ...
+
+
+def _one_line(error: Exception) -> str:
+    """'ExceptionType: first line of its message', for error lists and the RewardError text."""
+    lines = str(error).splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"
+
+
+def _checked(reward: Reward, images: torch.Tensor, prompts: Sequence[str]) -> RewardOutput:
+    """`reward.score`, with its output's length checked against the batch (a wrong length raises)."""
+    out = reward.score(images, prompts)
+    if out.rewards.shape != (len(prompts),):
+        raise ValueError(
+            f"reward {reward.name!r} returned rewards of shape {tuple(out.rewards.shape)} for "
+            f"{len(prompts)} prompts; it must return one reward per image"
+        )
+    return out
+
+
+def guarded_score(reward: Reward, images: torch.Tensor, prompts: Sequence[str]) -> RewardOutput:
+    """Score a batch so that a sample the reward cannot handle marks only itself.
+
+    Returns a RewardOutput (B,) in float32 / bool on the CPU. If `reward.score` raises on the batch,
+    every sample is scored alone, and those that raise get valid=False, reward 0 and a line in
+    `errors`. Non-finite rewards are treated the same way. Raises RewardError if no sample of a
+    non-empty batch is valid, since a run that silently trains on nothing is worse than a stop.
+    """
+    if images.shape[0] != len(prompts):
+        raise ValueError(f"got {images.shape[0]} images but {len(prompts)} prompts; pass one per image")
+    batch = len(prompts)
+    rewards = torch.zeros(batch, dtype=torch.float32)
+    strict = torch.zeros(batch, dtype=torch.bool)
+    valid = torch.zeros(batch, dtype=torch.bool)
+    errors: list[str] = []
+    first_failure: Exception | None = None
+    try:
+        out = _checked(reward, images, prompts)
+        rewards[:] = out.rewards.detach().float().cpu()
+        strict[:] = out.strict.cpu()
+        valid[:] = out.valid.cpu()
+        errors += out.errors
+    except Exception:
+        for index, prompt in enumerate(prompts):
+            try:
+                out = _checked(reward, images[index : index + 1], [prompt])
+            except Exception as error:  # any failure of one sample marks only that sample
+                first_failure = first_failure or error
+                errors.append(f"sample {index} ({prompt!r}): {_one_line(error)}")
+                continue
+            rewards[index] = out.rewards.detach().float().cpu()[0]
+            strict[index] = bool(out.strict[0])
+            valid[index] = bool(out.valid[0])
+            errors += out.errors
+    non_finite = valid & ~torch.isfinite(rewards)
+    for index in torch.nonzero(non_finite).flatten().tolist():
+        errors.append(f"sample {index} ({prompts[index]!r}): reward is {rewards[index].item()}")
+    valid &= ~non_finite
+    rewards[~valid] = 0.0
+    strict &= valid
+    if batch > 0 and not valid.any():
+        if first_failure is not None:
+            cause = _one_line(first_failure)
+        elif non_finite.any():
+            cause = "it returned non-finite rewards"
+        else:
+            cause = "it marked every sample invalid"
+        raise RewardError(
+            f"reward {reward.name!r} failed on all {batch} samples ({cause}); "
+            "fix the reward or its inputs (images float (B, 3, H, W) in [0, 1], prompts of its task)"
+        )
+    return RewardOutput(rewards, strict, valid, errors)
