@@ -27,7 +27,7 @@ class ModelSection(Section):
     image_size: int = Field(32, ge=8)
     patch_size: int = Field(4, ge=1)
     dim: int = Field(128, ge=16)
-    depth: int = Field(6, ge=1)
+    depth: int = Field(4, ge=1)
     num_heads: int = Field(4, ge=1)
     mlp_ratio: float = Field(4.0, gt=0)
     max_text_len: int = Field(12, ge=2)
@@ -65,6 +65,7 @@ class ExploreSection(Section):
     num_steps: int = Field(6, ge=1)
     sampler: Literal["sde", "ode"] = "sde"
     staleness_floor: float = Field(0.3, ge=-1, le=1)
+    monitor_prompts: int = Field(4, ge=0)
 
 
 class EvalSection(Section):

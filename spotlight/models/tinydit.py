@@ -27,7 +27,7 @@ class TinyDiTConfig:
     in_channels: int = 3
     patch_size: int = 4
     dim: int = 128
-    depth: int = 6
+    depth: int = 4
     num_heads: int = 4
     mlp_ratio: float = 4.0
     vocab_size: int = 32

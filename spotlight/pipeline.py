@@ -1,0 +1,288 @@
+"""The training loop: rollout -> reward -> GRPO update, with seed exploration in three modes.
+
+    vanilla        random seeds for every group
+    sync-explore   before each rollout, score N candidate seeds per prompt with the CURRENT weights
+                   θ_i and keep the G with the largest reward variance (exploration on the critical path)
+    stale-explore  the same, but with the PREVIOUS weights θ_{i-1}: what Spotlight runs on spot devices
+                   while iteration i-1 trains. Here it runs in sequence, so that its effect on
+                   convergence is measured apart from the systems effect.
+
+Every random choice of iteration i (its prompts, its candidate seeds, its shuffles) comes from
+generators keyed by (run seed, i), so a resumed run continues with exactly the numbers it would have
+had, and a run is fully described by its config.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from spotlight.config import TrainConfig, dump_config
+from spotlight.diffusion.noise import stream_key
+from spotlight.diffusion.sampler import SamplingPlan
+from spotlight.evaluation import evaluate
+from spotlight.explore.candidates import score_candidates
+from spotlight.explore.planner import ExplorePlan
+from spotlight.explore.selection import select_seeds
+from spotlight.explore.staleness import StalenessMonitor
+from spotlight.models.tinydit import TinyDiT
+from spotlight.policy import generate, prompt_tokens, to_images
+from spotlight.pretrain import update_ema
+from spotlight.report.grid import save_grid
+from spotlight.rewards.base import Reward, guarded_score
+from spotlight.rewards.geneval import GenEvalReward
+from spotlight.rl.advantages import group_advantages
+from spotlight.rl.checkpoint import (
+    latest_checkpoint,
+    load_model,
+    load_training_state,
+    save_training_checkpoint,
+)
+from spotlight.rl.grpo import RolloutBatch, grpo_update
+from spotlight.tasks.shapes import train_val_split
+
+
+class RunError(RuntimeError):
+    """The run cannot go on; the message is one line naming the cause and the fix."""
+
+
+def iteration_generator(run_seed: int, iteration: int, purpose: int) -> torch.Generator:
+    """A generator for one purpose of one iteration (0 prompts, 1 seeds, 2 update, 3 selection)."""
+    return torch.Generator().manual_seed(stream_key(run_seed * 16 + purpose, iteration))
+
+
+def iteration_prompts(train_prompts: list[str], run_seed: int, iteration: int, count: int) -> list[str]:
+    """The prompts of iteration i: ``count`` distinct train prompts drawn by (run seed, i)."""
+    order = torch.randperm(len(train_prompts), generator=iteration_generator(run_seed, iteration, 0))
+    return [train_prompts[int(j)] for j in order[:count]]
+
+
+def candidate_seeds(run_seed: int, iteration: int, num_prompts: int, count: int) -> torch.Tensor:
+    """(P, count) candidate noise seeds of iteration i; vanilla takes the first G of each row."""
+    return torch.randint(0, 2**62, (num_prompts, count), generator=iteration_generator(run_seed, iteration, 1))
+
+
+@dataclass
+class Rollout:
+    """A scored rollout: the update's batch plus the numbers logged about it."""
+
+    batch: RolloutBatch
+    metrics: dict[str, float]
+
+
+def rollout(model: TinyDiT, prompts: list[str], seeds: torch.Tensor, config: TrainConfig, reward: Reward) -> Rollout:
+    """SDE-sample each prompt's group (seeds (P, G)), score it, and compute group advantages."""
+    num_prompts, group_size = seeds.shape
+    section = config.rollout
+    plan = SamplingPlan(num_steps=section.num_steps, shift=section.shift, sampler="sde",
+                        noise_level=section.noise_level)
+    expanded = [prompt for prompt in prompts for _ in range(group_size)]
+    trajectory = generate(model, expanded, seeds.reshape(-1).tolist(), plan)
+    scored = guarded_score(reward, to_images(trajectory.final), expanded)
+    rewards = scored.rewards.reshape(num_prompts, group_size)
+    valid = scored.valid.reshape(num_prompts, group_size)
+    advantages = group_advantages(rewards, valid, config.train.adv_std, config.train.adv_clip)
+    valid_rewards = torch.where(valid, rewards, torch.nan)
+    group_std = valid_rewards.nan_to_num(0).std(dim=1, unbiased=False)
+    metrics = {
+        "rollout/reward_mean": float(scored.rewards[scored.valid].mean()) if scored.valid.any() else float("nan"),
+        "rollout/strict_accuracy": float(scored.strict[scored.valid].float().mean()) if scored.valid.any() else 0.0,
+        "rollout/group_reward_std": float(group_std.mean()),
+        "rollout/zero_std_groups": float((group_std < 1e-6).float().mean()),
+        "rollout/invalid_samples": float((~scored.valid).sum()),
+    }
+    batch = RolloutBatch(
+        latents=trajectory.latents, log_probs=trajectory.log_probs, tokens=prompt_tokens(model, expanded),
+        advantages=advantages.reshape(-1), sigmas=plan.sigmas(), noise_level=section.noise_level,
+    )
+    return Rollout(batch=batch, metrics=metrics)
+
+
+@dataclass
+class Exploration:
+    """Seeds chosen for a rollout and what exploration measured."""
+
+    seeds: torch.Tensor
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def explore(
+    explorer: TinyDiT, prompts: list[str], candidates: torch.Tensor, config: TrainConfig, reward: Reward,
+    generator: torch.Generator,
+) -> tuple[Exploration, torch.Tensor]:
+    """Score every candidate seed with ``explorer``'s weights and keep the G most varied per prompt.
+
+    Returns the exploration and the (P, N) candidate rewards (the staleness monitor compares them).
+    """
+    section = config.explore
+    plan = ExplorePlan(section.num_candidates, section.num_steps, section.sampler)
+    rewards = score_candidates(explorer, prompts, candidates, plan, reward, config.rollout.shift,
+                               config.rollout.noise_level)
+    selection = select_seeds(rewards, candidates, config.rollout.group_size, generator)
+    metrics = {
+        "explore/selected_reward_std": float(selection.variance.sqrt().mean()),
+        "explore/candidate_reward_std": float(rewards.nan_to_num(0).std(dim=1, unbiased=False).mean()),
+        "explore/degenerate_prompts": float(selection.degenerate.float().mean()),
+    }
+    return Exploration(seeds=selection.seeds, metrics=metrics), rewards
+
+
+@dataclass
+class RunSummary:
+    run_dir: Path
+    history: list[dict[str, Any]]
+    validation: list[dict[str, float]]
+
+
+class Trainer:
+    """Owns the models, optimizer and run directory of one ``spotlight train`` run."""
+
+    def __init__(self, config: TrainConfig, reward: Reward | None = None, resume: bool = False) -> None:
+        self.config = config
+        torch.manual_seed(config.seed)
+        torch.set_num_threads(config.num_threads)
+        self.run_dir = Path(config.run_dir)
+        self.reward = reward if reward is not None else GenEvalReward()
+        self.train_prompts, self.val_prompts = train_val_split()
+        self.model = load_model(config.base_checkpoint)
+        self.reference = load_model(config.base_checkpoint).requires_grad_(False) if config.train.kl_beta > 0 else None
+        self.ema = copy.deepcopy(self.model).requires_grad_(False) if config.train.ema_decay else None
+        self.previous = copy.deepcopy(self.model).requires_grad_(False)  # θ_{i-1} for stale exploration
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.train.learning_rate,
+                                           weight_decay=config.train.weight_decay)
+        self.monitor = StalenessMonitor(config.explore.staleness_floor)
+        self.start_iteration = 0
+        self.history: list[dict[str, Any]] = []
+        if resume:
+            self._resume()
+        elif (self.run_dir / "metrics.jsonl").exists():
+            raise RunError(f"run directory {self.run_dir} already has a run: pass --resume to continue it, "
+                           "or choose another run_dir")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        dump_config(config, self.run_dir / "config.yaml")
+
+    def _resume(self) -> None:
+        checkpoint = latest_checkpoint(self.run_dir)
+        if checkpoint is None:
+            raise RunError(f"--resume: {self.run_dir} has no checkpoint yet; run without --resume to start it")
+        self.model.load_state_dict(load_model(checkpoint).state_dict())
+        state = load_training_state(checkpoint)
+        self.optimizer.load_state_dict(state.optimizer)
+        if self.ema is not None and state.ema is not None:
+            self.ema.load_state_dict(state.ema)
+        self.previous.load_state_dict(state.extra["previous"])
+        self.monitor.load_state_dict(state.extra["monitor"])
+        torch.set_rng_state(state.rng["torch"])
+        self.start_iteration = state.iteration
+        metrics_path = self.run_dir / "metrics.jsonl"
+        kept = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+        self.history = [record for record in kept if record["iteration"] < state.iteration]
+        metrics_path.write_text("".join(json.dumps(record) + "\n" for record in self.history))
+
+    @property
+    def eval_model(self) -> TinyDiT:
+        return self.ema if self.ema is not None else self.model
+
+    def validate(self, iteration: int) -> dict[str, float]:
+        """Strict validation accuracy (ODE, fixed seeds) and a sample grid of the first prompts."""
+        section = self.config.eval
+        result = evaluate(self.eval_model, self.val_prompts, self.reward, section.seeds_per_prompt,
+                          section.num_steps, self.config.rollout.shift)
+        shown = section.grid_prompts * section.seeds_per_prompt
+        save_grid(result.images[:shown], result.prompts[:shown], self.run_dir / "samples" / f"iter-{iteration:05d}.png",
+                  columns=section.seeds_per_prompt)
+        return result.metrics()
+
+    def choose_seeds(self, iteration: int, prompts: list[str]) -> Exploration:
+        """Seeds for iteration i's groups according to the mode."""
+        config = self.config
+        group_size = config.rollout.group_size
+        if config.mode == "vanilla":
+            return Exploration(seeds=candidate_seeds(config.seed, iteration, len(prompts), group_size))
+        candidates = candidate_seeds(config.seed, iteration, len(prompts), config.explore.num_candidates)
+        generator = iteration_generator(config.seed, iteration, 3)
+        explorer = self.model if config.mode == "sync-explore" else self.previous
+        started = time.perf_counter()
+        exploration, rewards = explore(explorer, prompts, candidates, config, self.reward, generator)
+        exploration.metrics["time/explore_s"] = time.perf_counter() - started
+        if config.mode == "stale-explore":
+            exploration.metrics.update(self._measure_staleness(iteration, prompts, candidates, rewards,
+                                                               exploration.seeds))
+        return exploration
+
+    def _measure_staleness(self, iteration: int, prompts: list[str], candidates: torch.Tensor,
+                           stale_rewards: torch.Tensor, stale_seeds: torch.Tensor) -> dict[str, float]:
+        """Rank a sample of prompts' candidates with the fresh weights too; log Kendall τ and overlap."""
+        sample = min(self.config.explore.monitor_prompts, len(prompts))
+        if sample == 0:
+            return {}
+        generator = iteration_generator(self.config.seed, iteration, 3)
+        fresh, fresh_rewards = explore(self.model, prompts[:sample], candidates[:sample], self.config,
+                                       self.reward, generator)
+        record = self.monitor.record(iteration, stale_rewards[:sample], fresh_rewards, stale_seeds[:sample],
+                                     fresh.seeds)
+        return {"staleness/kendall_tau": record.tau, "staleness/selection_overlap": record.overlap}
+
+    def run(self, on_iteration: Callable[[int, dict[str, Any]], None] | None = None) -> RunSummary:
+        """Train from the current iteration to ``config.iterations``; returns the history."""
+        config = self.config
+        metrics_file = (self.run_dir / "metrics.jsonl").open("a")
+        started = time.perf_counter() - (self.history[-1]["time/wall_s"] if self.history else 0.0)
+        try:
+            if self.start_iteration == 0:
+                record = {"iteration": 0, "time/wall_s": 0.0, **self.validate(0)}
+                self._log(metrics_file, record, on_iteration)
+            for iteration in range(self.start_iteration, config.iterations):
+                record = self.iteration(iteration)
+                record["time/wall_s"] = time.perf_counter() - started
+                done = iteration + 1
+                if done % config.eval.every == 0 or done == config.iterations:
+                    eval_started = time.perf_counter()
+                    record.update(self.validate(done))
+                    record["time/eval_s"] = time.perf_counter() - eval_started
+                self._log(metrics_file, record, on_iteration)
+                if done % config.checkpoint_every == 0 or done == config.iterations:
+                    save_training_checkpoint(self.run_dir, done, self.model, self.optimizer, self.ema, {
+                        "previous": self.previous.state_dict(), "monitor": self.monitor.state_dict()})
+        finally:
+            metrics_file.close()
+        validation = [r for r in self.history if "val/strict_accuracy" in r]
+        return RunSummary(run_dir=self.run_dir, history=self.history, validation=validation)
+
+    def iteration(self, iteration: int) -> dict[str, Any]:
+        """One GRPO iteration: choose seeds, roll out, update. Returns its metrics (iteration = i + 1)."""
+        config = self.config
+        timings: dict[str, float] = {}
+        prompts = iteration_prompts(self.train_prompts, config.seed, iteration, config.rollout.prompts_per_iteration)
+        exploration = self.choose_seeds(iteration, prompts)
+        started = time.perf_counter()
+        scored = rollout(self.model, prompts, exploration.seeds, config, self.reward)
+        timings["time/rollout_s"] = time.perf_counter() - started
+        self.previous.load_state_dict(self.model.state_dict())
+        started = time.perf_counter()
+        update = grpo_update(self.model, self.reference, self.optimizer, scored.batch, config.train,
+                             iteration_generator(config.seed, iteration, 2))
+        timings["time/train_s"] = time.perf_counter() - started
+        if self.ema is not None:
+            update_ema(self.ema, self.model, config.train.ema_decay)
+        return {"iteration": iteration + 1, **scored.metrics, **exploration.metrics, **update, **timings}
+
+    def _log(self, metrics_file, record: dict[str, Any], on_iteration) -> None:
+        self.history.append(record)
+        metrics_file.write(json.dumps(record) + "\n")
+        metrics_file.flush()
+        if on_iteration is not None:
+            on_iteration(record["iteration"], record)
+
+
+def train(config: TrainConfig, resume: bool = False, reward: Reward | None = None,
+          on_iteration: Callable[[int, dict[str, Any]], None] | None = None) -> RunSummary:
+    """Run ``spotlight train`` for a config: a thin wrapper for the CLI and tests."""
+    return Trainer(config, reward=reward, resume=resume).run(on_iteration)
