@@ -30,6 +30,7 @@ MIN_FILL = 0.45  # of its box; below this a blob is "unknown" (a triangle fills 
 TRIANGLE_SKEW = 0.15  # |vertical skewness| that makes a blob a triangle (ideal -0.57, blurred ~-0.3)
 MAX_SIDE_SKEW = 0.3  # horizontal skewness beyond which a blob is "unknown" (every shape has 0)
 SQUARE_KURTOSIS_GAP = 0.18  # diagonal minus axis kurtosis: square 0.6 (~0.4 blurred), circle 0
+DIAMOND_KURTOSIS_GAP = -0.28  # diamond -0.6 (~-0.33 blurred); a pixelated 7 px circle has -0.23
 RELATION_MARGIN = 0.1  # of the image side: centres closer than this along an axis are "level"
 
 _PALETTE_NAMES: tuple[str, ...] = tuple(COLOURS)
@@ -125,15 +126,16 @@ def classify_shapes(
     """The shape name of each blob from its geometry; str array (n,) of circle/square/triangle/unknown.
 
     All inputs are float (n,). `fill` is the blob's pixel count over its box area; the others are
-    moments of its brightness mass (see `detect`): var_y / var_x, the skewness along x and along y
-    (y down), and the diagonal minus the axis kurtosis.
+    moments of its brightness mass (`_blob_moments`): var_y / var_x, the skewness along x and
+    along y (y down), and the diagonal minus the axis kurtosis.
     - An upright triangle's mass grows linearly towards its base: skew_y = -2*sqrt(2)/5 = -0.57
       (~-0.3 after a 3x3 blur); circles and squares are symmetric (0).
     - A square's side profile is flat (kurtosis 1.8) and its diagonal profile a tent (2.4): gap +0.6
-      (~+0.4 blurred); a disc's profile is the same in every direction: gap 0.
-    A blob skewed sideways or downwards, stretched (variance ratio outside [0.6, 2]; a triangle's is
-    4/3, a circle's and a square's 1), or filling less than 45% of its box (a triangle fills 1/2),
-    is "unknown". NaN moments (a blob of zero width) also give "unknown".
+      (~+0.4 blurred); a disc's profile is the same in every direction: gap 0; a diamond (a square
+      turned 45 degrees, no shape of the task) has -0.6.
+    A blob with a diamond's gap, skewed sideways or downwards, stretched (variance ratio outside
+    [0.6, 2]; a triangle's is 4/3, a circle's and a square's 1), or filling less than 45% of its box
+    (a triangle fills 1/2) is "unknown". NaN moments (a blob of zero width) also give "unknown".
     """
     plausible = (
         (fill >= MIN_FILL)
@@ -141,6 +143,7 @@ def classify_shapes(
         & (variance_ratio <= 2.0)
         & (np.abs(skew_x) <= MAX_SIDE_SKEW)
         & (skew_y < TRIANGLE_SKEW)
+        & (kurtosis_gap > DIAMOND_KURTOSIS_GAP)
     )
     triangle = plausible & (skew_y <= -TRIANGLE_SKEW)
     square = plausible & ~triangle & (kurtosis_gap >= SQUARE_KURTOSIS_GAP)

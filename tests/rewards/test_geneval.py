@@ -27,6 +27,7 @@ def draw(image: np.ndarray, colour: str, shape: str, left: int, top: int, side: 
         "circle": (u - side / 2) ** 2 + (v - side / 2) ** 2 <= (side / 2) ** 2,
         "triangle": (v <= side) & (v >= 2 * np.abs(u - side / 2)),
         "inverted_triangle": (v >= 0) & (side - v >= 2 * np.abs(u - side / 2)),
+        "diamond": np.abs(u - side / 2) + np.abs(v - side / 2) <= side / 2,
     }[shape]
     image[inside] = COLOURS[colour]
     return image
@@ -72,8 +73,9 @@ def test_blobs_that_are_no_shape_of_the_task_are_unknown():
     image[20:23, 2:18] = COLOURS["green"]  # a bar
     image[4:18, 20:23] = COLOURS["yellow"]  # an L
     image[15:18, 20:29] = COLOURS["yellow"]
+    draw(image, "blue", "diamond", left=12, top=2, side=11)
     found = {d.colour: d.shape for d in detect(image)}
-    assert found == {"red": "unknown", "green": "unknown", "yellow": "unknown"}
+    assert found == {"red": "unknown", "green": "unknown", "yellow": "unknown", "blue": "unknown"}
 
 
 def test_dark_grey_and_tiny_blobs_are_background():
