@@ -23,6 +23,7 @@ GAP = 3  # px between object boxes: a 3x3 blur of one object never reaches the n
 BORDER = 1  # px from the image edge, so that a blur does not clip an object
 _SUPERSAMPLING = 8  # sub-pixels per pixel side for the coverage masks
 _PLACEMENT_TRIES = 64  # candidate places per object before the whole layout is drawn again
+_LAYOUT_TRIES = 1000  # whole layouts before giving up (four objects at 32x32 need ~1.3 on average)
 
 
 @cache
@@ -87,7 +88,7 @@ def _layout(spec: PromptSpec, rng: np.random.Generator, size: int) -> list[tuple
     """
     wanted = [(obj.colour, obj.shape) for obj in spec.objects for _ in range(obj.count)]
     largest = min(MAX_OBJECT_SIZE, size - 2 * BORDER)
-    while True:
+    for _ in range(_LAYOUT_TRIES):
         placed: list[tuple[str, str, int, int, int]] = []
         for colour, shape in wanted:
             side = rng.integers(MIN_OBJECT_SIZE, largest + 1, size=_PLACEMENT_TRIES)
@@ -105,6 +106,7 @@ def _layout(spec: PromptSpec, rng: np.random.Generator, size: int) -> list[tuple
             placed.append((colour, shape, int(x[pick]), int(y[pick]), int(side[pick])))
         if len(placed) == len(wanted):
             return placed
+    raise RuntimeError(f"found no layout for {spec.text!r} on a {size}x{size} image; use a larger size")
 
 
 def render(spec: PromptSpec, rng: np.random.Generator, size: int = 32) -> np.ndarray:
