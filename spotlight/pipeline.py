@@ -183,7 +183,7 @@ class Trainer:
         self.start_iteration = state.iteration
         metrics_path = self.run_dir / "metrics.jsonl"
         kept = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-        self.history = [record for record in kept if record["iteration"] < state.iteration]
+        self.history = [record for record in kept if record["iteration"] <= state.iteration]
         metrics_path.write_text("".join(json.dumps(record) + "\n" for record in self.history))
 
     @property

@@ -55,6 +55,15 @@ def flow_matching_loss(model: TinyDiT, images: torch.Tensor, tokens: torch.Tenso
     return F.mse_loss(model(noisy, sigma, tokens), noise - images)
 
 
+def ema_decay_at(step: int, decay: float) -> float:
+    """EMA decay with warm-up, ``min(decay, (1 + step) / (10 + step))``.
+
+    Without warm-up an EMA of decay 0.999 still weighs the (zero-output, adaLN-Zero) initial weights
+    by 0.999**500 = 0.6 after 500 steps, so early checkpoints would sample pure noise.
+    """
+    return min(decay, (1.0 + step) / (10.0 + step))
+
+
 @torch.no_grad()
 def update_ema(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> None:
     for ema_param, param in zip(ema.parameters(), model.parameters(), strict=True):
@@ -90,7 +99,7 @@ def pretrain(config: PretrainConfig, on_step: Callable[[int, float], None] | Non
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        update_ema(ema, model, config.ema_decay)
+        update_ema(ema, model, ema_decay_at(step, config.ema_decay))
         if on_step is not None:
             on_step(step, loss.item())
         if step % config.eval_every == 0 or step == config.steps:

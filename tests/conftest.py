@@ -1,0 +1,25 @@
+"""Shared fixtures: a tiny TinyDiT base model on disk, so pipeline tests run in seconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
+from spotlight.rl.checkpoint import save_model
+from spotlight.tasks.shapes import VOCAB
+
+
+@pytest.fixture(scope="session")
+def tiny_base_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A randomly initialised 32x32 TinyDiT (dim 32, one block) saved like a shipped base model."""
+    torch.manual_seed(0)
+    model = TinyDiT(TinyDiTConfig(dim=32, depth=1, num_heads=2, vocab_size=len(VOCAB), patch_size=8))
+    with torch.no_grad():  # leave adaLN-Zero so that samples vary with the weights and the prompt
+        for parameter in model.parameters():
+            parameter.add_(0.02 * torch.randn_like(parameter))
+    directory = tmp_path_factory.mktemp("base") / "tiny-base"
+    save_model(directory, model, {"note": "random test model"})
+    return directory

@@ -1,0 +1,129 @@
+"""End-to-end behaviour of the training loop on a tiny model: modes, determinism, resume, faults."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from spotlight.config import TrainConfig, parse_config
+from spotlight.pipeline import RunError, Trainer, iteration_prompts, train
+from spotlight.rewards.base import RewardError, RewardOutput
+from spotlight.rewards.geneval import GenEvalReward
+
+
+def tiny_config(base: Path, run_dir: Path, **changes) -> TrainConfig:
+    data = {
+        "base_checkpoint": str(base), "run_dir": str(run_dir), "iterations": 2, "num_threads": 1,
+        "checkpoint_every": 1,
+        "rollout": {"prompts_per_iteration": 2, "group_size": 3, "num_steps": 3},
+        "train": {"kl_beta": 0.01, "num_minibatches": 2, "ema_decay": 0.5},
+        "explore": {"num_candidates": 4, "num_steps": 2, "monitor_prompts": 1},
+        "eval": {"every": 1, "seeds_per_prompt": 1, "num_steps": 2, "grid_prompts": 2},
+    }
+    for key, value in changes.items():
+        section, _, field = key.partition("__")
+        if field:
+            data[section][field] = value
+        else:
+            data[key] = value
+    return parse_config(TrainConfig, data)
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("mode", ["vanilla", "sync-explore", "stale-explore"])
+def test_each_mode_writes_config_metrics_grids_and_checkpoints(tiny_base_model, tmp_path, mode):
+    run_dir = tmp_path / mode
+    summary = train(tiny_config(tiny_base_model, run_dir, mode=mode))
+    records = read_metrics(run_dir)
+    assert [r["iteration"] for r in records] == [0, 1, 2]
+    assert all("val/strict_accuracy" in r for r in records)
+    assert (run_dir / "config.yaml").is_file()
+    assert (run_dir / "samples" / "iter-00002.png").is_file()
+    assert (run_dir / "checkpoints" / "latest").read_text() == "iter-000002"
+    assert summary.validation[-1]["iteration"] == 2
+    if mode == "stale-explore":
+        assert "staleness/kendall_tau" in records[1]
+    if mode != "vanilla":
+        assert "explore/selected_reward_std" in records[1]
+
+
+def test_same_config_and_seed_give_the_same_numbers(tiny_base_model, tmp_path):
+    first = train(tiny_config(tiny_base_model, tmp_path / "a")).history
+    second = train(tiny_config(tiny_base_model, tmp_path / "b")).history
+    keys = ["rollout/reward_mean", "train/loss", "train/kl", "val/reward"]
+    for one, two in zip(first[1:], second[1:], strict=True):
+        assert [one.get(k) for k in keys] == [two.get(k) for k in keys]
+
+
+def test_resume_continues_with_the_numbers_of_an_uninterrupted_run(tiny_base_model, tmp_path):
+    straight = train(tiny_config(tiny_base_model, tmp_path / "straight", iterations=3)).history
+    train(tiny_config(tiny_base_model, tmp_path / "resumed", iterations=2))
+    resumed = train(tiny_config(tiny_base_model, tmp_path / "resumed", iterations=3), resume=True).history
+    assert [r["iteration"] for r in resumed] == [0, 1, 2, 3]
+    assert resumed[-1]["train/loss"] == straight[-1]["train/loss"]
+    assert resumed[-1]["val/reward"] == straight[-1]["val/reward"]
+
+
+def test_starting_over_an_existing_run_asks_for_resume(tiny_base_model, tmp_path):
+    config = tiny_config(tiny_base_model, tmp_path / "run", iterations=1)
+    train(config)
+    with pytest.raises(RunError, match="--resume"):
+        Trainer(config)
+
+
+def test_missing_base_checkpoint_names_the_path(tmp_path):
+    from spotlight.rl.checkpoint import CheckpointError
+
+    with pytest.raises(CheckpointError, match="nowhere"):
+        Trainer(tiny_config(tmp_path / "nowhere", tmp_path / "run"))
+
+
+class FlakyReward:
+    """The real GenEval reward, except that it raises on one prompt and returns NaN for another."""
+
+    name = "flaky"
+
+    def __init__(self, bad_prompt: str, nan_prompt: str) -> None:
+        self.inner = GenEvalReward()
+        self.bad_prompt, self.nan_prompt = bad_prompt, nan_prompt
+
+    def score(self, images: torch.Tensor, prompts) -> RewardOutput:
+        if self.bad_prompt in prompts:
+            raise ValueError(f"cannot score {self.bad_prompt!r}")
+        out = self.inner.score(images, prompts)
+        nan = torch.tensor([p == self.nan_prompt for p in prompts])
+        return RewardOutput(torch.where(nan, torch.nan, out.rewards), out.strict, out.valid)
+
+
+def test_a_reward_failing_on_some_samples_marks_them_and_the_run_goes_on(tiny_base_model, tmp_path):
+    config = tiny_config(tiny_base_model, tmp_path / "run", iterations=1)
+    config = config.model_copy(update={"rollout": config.rollout.model_copy(update={"prompts_per_iteration": 3})})
+    from spotlight.tasks.shapes import train_val_split
+
+    prompts = iteration_prompts(train_val_split()[0], config.seed, 0, 3)
+    summary = train(config, reward=FlakyReward(prompts[0], prompts[1]))
+    record = summary.history[1]
+    assert record["rollout/invalid_samples"] == 6  # two groups of 3 are marked, the third trains
+    assert record["iteration"] == 1 and "train/loss" in record
+
+
+class BrokenReward:
+    name = "broken"
+
+    def score(self, images, prompts):
+        raise RuntimeError("detector weights not found")
+
+
+def test_a_reward_that_always_raises_stops_with_one_line_and_keeps_the_run_dir(tiny_base_model, tmp_path):
+    run_dir = tmp_path / "run"
+    with pytest.raises(RewardError) as error:
+        train(tiny_config(tiny_base_model, run_dir), reward=BrokenReward())
+    message = str(error.value)
+    assert "\n" not in message and "broken" in message and "detector weights not found" in message
+    assert (run_dir / "config.yaml").is_file()
