@@ -35,15 +35,13 @@ from __future__ import annotations
 
 import json
 import math
-import platform
-import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from provenance import git_commit, machine
 
 from spotlight.explore.planner import ExplorationPlanner, ExplorePlan, PlannerConfig
 from spotlight.explore.selection import select_seeds
@@ -185,14 +183,6 @@ def run_rule(truth: Truth, choice) -> np.ndarray:
     return regret
 
 
-def git_commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=RESULTS.parent
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
 
 def main() -> None:
     torch.set_num_threads(1)
@@ -271,12 +261,7 @@ def main() -> None:
     payload = {
         "benchmark": "planner_synthetic",
         "commit": git_commit(),
-        "machine": {
-            "platform": platform.platform(),
-            "python": sys.version.split()[0],
-            "torch": torch.__version__,
-            "numpy": np.__version__,
-        },
+        "machine": machine(),
         "world": asdict(world),
         "planner_config": config.model_dump(mode="json"),
         "ablations": variants,

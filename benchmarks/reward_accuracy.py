@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from provenance import git_commit
 
 from spotlight.rewards.geneval import GenEvalReward
 from spotlight.tasks.render import render_batch
@@ -120,14 +120,6 @@ def empty_images(generator: torch.Generator, count: int) -> dict[str, torch.Tens
         "white": torch.ones(shape),
     }
 
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=RESULTS.parent
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Spotlight: F
 console = Console(stderr=True)
 
 ConfigOption = Annotated[Path | None, typer.Option("--config", "-c", help="YAML config; defaults run as they are.")]
+ResumeOption = Annotated[bool, typer.Option("--resume", help="Continue the run in run_dir from its last checkpoint.")]
 SetOption = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a field: section.field=value.")]
 
 
@@ -71,7 +72,7 @@ def _summary_table(summary: Any) -> Table:
 def train(
     config: ConfigOption = None,
     set_: SetOption = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue the run in run_dir from its last checkpoint.")] = False,
+    resume: ResumeOption = False,
 ) -> None:
     """Post-train the base model with Flow-GRPO (modes: vanilla, sync-explore, stale-explore)."""
     try:
