@@ -175,3 +175,14 @@ def test_unpatchify_inverts_patchify() -> None:
 def test_bad_config_raises_naming_the_field(fields: dict, named: str) -> None:
     with pytest.raises(ValueError, match=named):
         TinyDiTConfig(**fields)
+
+
+def test_a_float64_model_runs_in_float64() -> None:
+    # Finite-difference gradient checks need the whole model in float64 (model.double()).
+    model = randomised().double()
+    x, sigma = inputs()
+    with torch.no_grad():
+        out = model(x.double(), sigma.double(), torch.tensor([[1, 2, 0, 0, 0, 0]] * 2))
+        single = randomised()(x, sigma, torch.tensor([[1, 2, 0, 0, 0, 0]] * 2))
+    assert out.dtype == torch.float64
+    assert torch.allclose(out.float(), single, atol=1e-4)
