@@ -167,7 +167,7 @@ class TinyDiT(nn.Module):
         text = self.token_embed(tokens) + self.text_pos[:, : tokens.shape[1]]
         pooled = (text * text_mask[..., None]).sum(1) / text_mask.sum(1, keepdim=True).clamp(min=1)
         image = self.patch_embed(x).flatten(2).transpose(1, 2) + self.image_pos
-        cond = self.time_mlp(timestep_embedding(sigma, self.config.dim)) + self.prompt_proj(pooled)
+        cond = self.time_mlp(timestep_embedding(sigma, self.config.dim).to(x.dtype)) + self.prompt_proj(pooled)
         image_mask = torch.ones(x.shape[0], image.shape[1], dtype=torch.bool, device=x.device)
         return torch.cat([text, image], dim=1), cond, torch.cat([text_mask, image_mask], dim=1)
 

@@ -97,9 +97,17 @@ def save_training_checkpoint(
          "iteration": iteration},
         staging / "training_state.pt",
     )
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(staging, final)
+    if final.exists():  # move the old copy aside first, so that a complete directory always exists
+        retired = root / f".retired-{final.name}"
+        shutil.rmtree(retired, ignore_errors=True)
+        os.replace(final, retired)
+        os.replace(staging, final)
+        shutil.rmtree(retired)
+    else:
+        os.replace(staging, final)
+    for leftover in root.glob(".staging-*"):  # from an earlier crash mid-write
+        if leftover != final:
+            shutil.rmtree(leftover, ignore_errors=True)
     pointer_tmp = root / ".latest.tmp"
     pointer_tmp.write_text(final.name)
     os.replace(pointer_tmp, root / "latest")
@@ -112,7 +120,12 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     if not pointer.is_file():
         return None
     path = pointer.parent / pointer.read_text().strip()
-    return path if path.is_dir() else None
+    if (path / "training_state.pt").is_file():
+        return path
+    # A crash while re-writing the latest iteration: fall back to the newest complete checkpoint
+    # (directories only ever appear under their final name by rename, so they are complete).
+    complete = sorted(p for p in pointer.parent.glob("iter-*") if (p / "training_state.pt").is_file())
+    return complete[-1] if complete else None
 
 
 def load_training_state(checkpoint: Path) -> TrainingState:

@@ -53,7 +53,7 @@ def step_log_prob_and_mean(
     sigmas = batch.sigmas
     sigma, sigma_next = float(sigmas[step]), float(sigmas[step + 1])
     x = batch.latents[rows, step]
-    sigma_batch = torch.full((x.shape[0],), sigma, dtype=x.dtype)
+    sigma_batch = torch.full((x.shape[0],), sigma, dtype=x.dtype, device=x.device)
     velocity = model(x, sigma_batch, batch.tokens[rows])
     result = sde_step(
         x, velocity, sigma, sigma_next, batch.noise_level, x_next=batch.latents[rows, step + 1],
@@ -89,7 +89,7 @@ def grpo_update(
             policy = clipped_policy_loss(log_prob, batch.log_probs[rows, step], batch.advantages[rows],
                                          config.clip_range)
             loss = policy.loss
-            kl = torch.zeros(())
+            kl = torch.zeros((), device=loss.device)
             if reference is not None and config.kl_beta > 0:
                 with torch.no_grad():
                     _, reference_mean, _ = step_log_prob_and_mean(reference, batch, rows, step)
