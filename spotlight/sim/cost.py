@@ -1,0 +1,131 @@
+"""The cost meter: rented device-seconds per pool and phase, their dollars and the utilisation.
+
+Two pools, `on_demand` and `spot`, each with a price per GPU-hour (from `prices.Offering`). Every
+rented device-second is booked to exactly one phase, so per pool the phases add up to what was
+rented and the utilisation shares add up to 1:
+- rollout, train, explore: useful work;
+- broadcast: moving θ_{i+1} to the devices that did not train it;
+- reconfiguring: re-forming SP groups or restarting after a preemption, warming up a new device;
+- lost: work done and then thrown away (a preempted request without notice);
+- idle: rented and waiting (the spot pool during training when it does not explore, the tail of a
+  phase when the queue runs dry).
+Billing is per second (AWS, GCP and Azure bill GPU machines per second) of every rented device:
+a spot device costs from the moment it is live until it is preempted, busy or not.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+__all__ = ["BUSY_PHASES", "PHASES", "POOLS", "CostMeter", "Phase", "Pool", "Usage"]
+
+Pool = Literal["on_demand", "spot"]
+Phase = Literal["rollout", "train", "explore", "broadcast", "reconfiguring", "lost", "idle"]
+POOLS: tuple[Pool, ...] = get_args(Pool)
+PHASES: tuple[Phase, ...] = get_args(Phase)
+BUSY_PHASES: tuple[Phase, ...] = ("rollout", "train", "explore")
+
+# Booked amounts may come out a hair negative from float round-off of "rented − busy"; anything
+# beyond this (device-seconds) is a bookkeeping error, not round-off.
+_TOLERANCE_DEVICE_S = 1e-6
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What one pool rented and cost: device_seconds per phase, their total, the dollars, and
+    utilisation = busy (rollout + train + explore) / rented (NaN for a pool that rented nothing)."""
+
+    pool: Pool
+    price_per_gpu_hour: float
+    device_seconds: dict[Phase, float]
+
+    @property
+    def rented_device_s(self) -> float:
+        """Return all device-seconds rented in this pool (the sum over phases)."""
+        return sum(self.device_seconds.values())
+
+    @property
+    def dollars(self) -> float:
+        """Return rented device-hours × price per GPU-hour."""
+        return self.rented_device_s / 3600.0 * self.price_per_gpu_hour
+
+    @property
+    def utilisation(self) -> float:
+        """Return the busy fraction of rented time (NaN when nothing was rented)."""
+        rented = self.rented_device_s
+        busy = sum(self.device_seconds[phase] for phase in BUSY_PHASES)
+        return busy / rented if rented > 0 else math.nan
+
+    def shares(self) -> dict[Phase, float]:
+        """Return each phase's fraction of rented time; they sum to 1 (all NaN when nothing was rented)."""
+        rented = self.rented_device_s
+        return {phase: (seconds / rented if rented > 0 else math.nan) for phase, seconds in self.device_seconds.items()}
+
+
+class CostMeter:
+    """Accumulates device-seconds per (pool, phase) and prices them.
+
+    `book` adds time to one phase; `book_window` books a whole stretch of rented time at once:
+    the given busy / reconfiguring / lost amounts, and the rest of the rented time as idle. The
+    meter never infers what was rented — the simulator tells it — so it can be checked: a window
+    whose parts exceed what was rented is a bug and raises.
+    """
+
+    def __init__(self, on_demand_per_gpu_hour: float, spot_per_gpu_hour: float) -> None:
+        given = {"on_demand_per_gpu_hour": on_demand_per_gpu_hour, "spot_per_gpu_hour": spot_per_gpu_hour}
+        for name, price in given.items():
+            if not (math.isfinite(price) and price >= 0):
+                raise ValueError(f"CostMeter: {name} must be a finite price >= 0 in $/GPU-hour (got {price})")
+        self._prices: dict[Pool, float] = {"on_demand": on_demand_per_gpu_hour, "spot": spot_per_gpu_hour}
+        self._seconds: dict[Pool, dict[Phase, float]] = {pool: dict.fromkeys(PHASES, 0.0) for pool in POOLS}
+
+    def book(self, pool: Pool, phase: Phase, device_seconds: float) -> None:
+        """Add `device_seconds` (≥ 0) of rented time in `pool` to `phase`."""
+        if pool not in POOLS:
+            raise ValueError(f"CostMeter.book: pool must be one of {POOLS} (got {pool!r})")
+        if phase not in PHASES:
+            raise ValueError(f"CostMeter.book: phase must be one of {PHASES} (got {phase!r})")
+        if not math.isfinite(device_seconds) or device_seconds < -_TOLERANCE_DEVICE_S:
+            raise ValueError(
+                f"CostMeter.book: device_seconds for {pool}/{phase} must be finite and >= 0 (got {device_seconds})"
+            )
+        self._seconds[pool][phase] += max(0.0, device_seconds)
+
+    def book_window(
+        self,
+        pool: Pool,
+        rented_device_s: float,
+        busy: dict[Phase, float] | None = None,
+        reconfiguring_s: float = 0.0,
+        lost_s: float = 0.0,
+    ) -> float:
+        """Book a stretch of `rented_device_s` in `pool`: `busy` {phase: seconds}, reconfiguring,
+        lost, and the remainder as idle. Returns the idle device-seconds booked.
+
+        Raises ValueError when the parts exceed the rented time (beyond float round-off).
+        """
+        busy = busy or {}
+        used = sum(busy.values()) + reconfiguring_s + lost_s
+        idle = rented_device_s - used
+        if idle < -_TOLERANCE_DEVICE_S * max(1.0, rented_device_s):
+            raise ValueError(
+                f"CostMeter.book_window: {pool} work and overheads ({used:.6g} device-s) exceed the rented "
+                f"{rented_device_s:.6g} device-s; the caller's accounting is inconsistent"
+            )
+        for phase, seconds in busy.items():
+            self.book(pool, phase, seconds)
+        self.book(pool, "reconfiguring", reconfiguring_s)
+        self.book(pool, "lost", lost_s)
+        self.book(pool, "idle", idle)
+        return max(0.0, idle)
+
+    def usage(self, pool: Pool) -> Usage:
+        """Return the Usage of one pool so far (a copy: later bookings do not change it)."""
+        return Usage(pool, self._prices[pool], dict(self._seconds[pool]))
+
+    @property
+    def dollars(self) -> float:
+        """Return the total cost so far over both pools."""
+        return sum(self.usage(pool).dollars for pool in POOLS)

@@ -1,0 +1,801 @@
+"""A discrete-event simulator of the Spotlight loop on a cluster of on-demand and spot GPUs.
+
+It answers, before renting anything: how long and how many dollars to the target, and how busy
+each pool is, for each mode of the loop (DESIGN.md, "The loop"):
+- `vanilla`: the on-demand devices roll out and train; no spot device is rented;
+- `spot-rollout`: spot devices that hold θ_i help the rollout and idle while the trainer trains;
+- `sync-explore`: as spot-rollout, plus exploration with the fresh θ_i on every device before each
+  rollout, on the critical path;
+- `spotlight`: as spot-rollout, and while the on-demand devices train, the spot devices explore the
+  next prompts with the stale θ_i inside the training time.
+
+The loop per iteration i: [sync-explore: explore P_i on all devices] → rollout P_i × G samples of
+T steps on the devices that hold θ_i → GRPO update on the on-demand devices [spotlight: explore
+P_{i+1} on spot meanwhile] → broadcast θ_{i+1} to the spot devices. Decisions are the runtime's:
+the exploration plan comes from `ExplorationPlanner.choose` (budget = the predicted training time,
+devices = the live spot devices in SP groups), fed back with `observe_cost` (device-seconds the
+exploration took) and `observe_reward` (the realised group reward variance); the seeds come from
+`select_seeds` inside `convergence.SignalModel`. Neither is re-implemented here.
+
+Time model. Work is counted in sample-steps (one sample, one denoising step). The pull-based
+queue keeps every live SP group busy, so a phase is a fluid: it ends when the capacity integral
+∫ (rate_od · n_od + rate_spot · usable_spot(t)) dt reaches its work plus the preemption overheads,
+found by searching the prefix sums of the availability step function (`SpotTimeline`) — O(log K)
+per phase, whatever the cluster size, which is what makes 100 iterations of 1,024 GPUs take
+milliseconds. Two granularity corrections: spot devices only count in whole SP groups
+(usable = ⌊live / sp⌋ · sp), and a rollout is padded to whole rounds of the groups live at its start
+(the last round leaves groups idle while the slowest request finishes).
+
+Preemptions come from the availability timeline (a real trace, scaled in time and mapped onto the
+spot pool's size, replayed from the start when the run outlasts it). Assumptions, stated where the
+overheads are computed (`_phase_overheads`): a preemption takes whole SP groups (groups live inside
+one machine); with a notice at least one denoising step long, the in-flight request finishes its
+step and commits, so it loses at most one step; without one, the work since its last commit (on
+average half a request) is lost. Recovery is `elastic` (per-node agents re-form the hit groups in
+`elastic_reconfigure_s`; a joining device copies the weights from a peer) or `cold` (a static
+process group: every removal stalls the whole phase's pool for `cold_restart_s`; a joining device
+cold-starts on its own). The on-demand pool is never preempted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import numpy as np
+import torch
+from pydantic import Field, model_validator
+
+from spotlight.config import ConfigError, Section
+from spotlight.explore.planner import ExplorationPlanner, ExplorePlan, PlannerConfig
+from spotlight.sim.convergence import ConvergenceConfig, SignalConfig, SignalModel, resolve_convergence
+from spotlight.sim.cost import POOLS, CostMeter, Phase, Pool, Usage
+from spotlight.sim.prices import Offering, PriceError, load_prices, price_override
+from spotlight.sim.traces import Availability, default_trace_dir, load_trace
+from spotlight.sim.workload import DeviceTimes, WorkloadConfig, device_times
+
+__all__ = [
+    "MODES",
+    "ClusterConfig",
+    "IterationRecord",
+    "LoopConfig",
+    "MixRow",
+    "MixSweep",
+    "Mode",
+    "SimConfig",
+    "SimResult",
+    "SpotTimeline",
+    "cheapest_mix",
+    "price_sources",
+    "resolve_trace",
+    "simulate",
+]
+
+Mode = Literal["vanilla", "spot-rollout", "sync-explore", "spotlight"]
+MODES: tuple[Mode, ...] = get_args(Mode)
+_USES_SPOT: dict[Mode, bool] = {"vanilla": False, "spot-rollout": True, "sync-explore": True, "spotlight": True}
+
+# A phase whose overheads keep outrunning its progress (e.g. cold restarts longer than the gaps
+# between preemptions) never ends; past this horizon it is declared stalled.
+_STALL_HORIZON_S = 1e9
+
+
+class ClusterConfig(Section):
+    """The devices, their prices and their preemptions.
+
+    trace: a file name in the spot trace folder (`traces.default_trace_dir`) or a path. Its live
+    count is mapped onto `spot_devices` (count · spot_devices / the trace's peak, rounded down) and
+    its times multiplied by `trace_time_scale`. notice_s: warning before a preemption (AWS gives
+    120 s, GCP 30 s; 0 = none). recovery: `elastic` (agents re-form SP groups in
+    `elastic_reconfigure_s`, sub-second) or `cold` (restart the pool's processes, `cold_restart_s`:
+    process start, imports, loading 40 GB of weights from storage, a new process group — minutes;
+    the default 120 s is an assumption until the runtime's recovery benchmark measures it).
+    """
+
+    on_demand_devices: int = Field(32, ge=1)
+    spot_devices: int = Field(32, ge=0)
+    on_demand_instance: str = "p5.48xlarge"
+    spot_instance: str = "p5.48xlarge"
+    price_overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    trace: str = "aws-p3-bamboo.csv"
+    trace_time_scale: float = Field(1.0, gt=0)
+    notice_s: float = Field(120.0, ge=0)
+    recovery: Literal["elastic", "cold"] = "elastic"
+    elastic_reconfigure_s: float = Field(0.5, ge=0)
+    cold_restart_s: float = Field(120.0, ge=0)
+
+
+class LoopConfig(Section):
+    """The GRPO loop's shape: P prompts × G samples per iteration, and when to stop."""
+
+    prompts_per_iteration: int = Field(32, ge=1)
+    group_size: int = Field(16, ge=2)
+    max_iterations: int = Field(1000, ge=1)
+    stop_at_target: bool = True
+
+
+class SimConfig(Section):
+    """Everything `simulate` needs; the defaults simulate Qwen-Image at 1280² on 32 + 32 H100s."""
+
+    mode: Mode = "spotlight"
+    seed: int = 0
+    cluster: ClusterConfig = ClusterConfig()
+    workload: WorkloadConfig = WorkloadConfig()
+    loop: LoopConfig = LoopConfig()
+    planner: PlannerConfig = PlannerConfig(num_candidates=(16, 32, 64, 128))
+    signal: SignalConfig = SignalConfig()
+    convergence: ConvergenceConfig = ConvergenceConfig()
+
+    @model_validator(mode="after")
+    def _candidates_cover_group(self) -> SimConfig:
+        smallest = min(self.planner.num_candidates)
+        if smallest < self.loop.group_size:
+            raise ValueError(
+                f"planner.num_candidates must all be >= loop.group_size ({smallest} < {self.loop.group_size}); "
+                "drop the smaller values or lower the group size"
+            )
+        return self
+
+
+# ---------------------------------------------------------------------------------------------
+# The spot pool over time
+
+
+class SpotTimeline:
+    """The spot pool's live devices over time, with prefix sums for O(log K) phase arithmetic.
+
+    Built from an Availability: times × `time_scale`, counts × spot_devices / peak (rounded down).
+    One period is [0, D); a run longer than D replays the trace from the start, and the jump from
+    the last count back to the first is an event at each multiple of D (not at 0, where the run
+    starts). Per change point j: `live[j]` devices from `tau[j]` on, `usable[j]` of them in whole SP
+    groups, and the devices removed / added there relative to the point before.
+    """
+
+    def __init__(self, trace: Availability, spot_devices: int, time_scale: float, sp_degree: int) -> None:
+        if spot_devices < 0 or sp_degree < 1:
+            raise ValueError(
+                f"SpotTimeline needs spot_devices >= 0 and sp_degree >= 1 (got {spot_devices}, {sp_degree})"
+            )
+        self.sp_degree = sp_degree
+        period = trace.duration_s * time_scale
+        times = np.asarray(trace.times_s, dtype=np.float64) * time_scale
+        counts = np.asarray(trace.counts, dtype=np.int64)
+        if period <= 0:  # a trace of one instant: a constant pool at its final count
+            period, times, counts = 1.0, np.zeros(1), counts[-1:] if len(counts) else np.zeros(1, dtype=np.int64)
+        keep = times < period  # a change at exactly D never holds: the replay restarts there
+        times, counts = times[keep], counts[keep]
+        if len(times) == 0 or times[0] > 0:
+            times, counts = np.concatenate([[0.0], times]), np.concatenate([[0], counts])
+        peak = int(trace.counts.max()) if len(trace.counts) and trace.counts.max() > 0 else 1
+        self.period_s = float(period)
+        self.tau = times
+        self.live = (counts * spot_devices) // peak
+        self.usable = (self.live // sp_degree) * sp_degree
+        segment = np.diff(np.append(times, period))
+        self._cum_live = np.concatenate([[0.0], np.cumsum(self.live * segment)])
+        self._cum_usable = np.concatenate([[0.0], np.cumsum(self.usable * segment)])
+        before = np.roll(self.live, 1)  # index 0: the wrap from the last count
+        removed = np.maximum(before - self.live, 0)
+        added = np.maximum(self.live - before, 0)
+        usable_after_removal = np.where(removed > 0, self.usable, 0)
+        self._events = {
+            "removed": removed,
+            "groups_hit": -(-removed // sp_degree),  # a preemption takes whole groups: ⌈removed / sp⌉
+            "removal_points": (removed > 0).astype(np.int64),
+            "usable_after_removal": usable_after_removal,
+            "added": added,
+        }
+        self._event_prefix = {name: np.concatenate([[0], np.cumsum(v)]) for name, v in self._events.items()}
+
+    def _locate(self, t: float) -> tuple[int, float]:
+        """Return (period index, time inside the period) of absolute time t ≥ 0."""
+        k = math.floor(t / self.period_s)
+        return k, t - k * self.period_s
+
+    def live_at(self, t: float) -> int:
+        """Return the live spot devices at time t (events at t count as done)."""
+        _, r = self._locate(t)
+        return int(self.live[np.searchsorted(self.tau, r, side="right") - 1])
+
+    def usable_at(self, t: float) -> int:
+        """Return the live spot devices at time t that form whole SP groups."""
+        _, r = self._locate(t)
+        return int(self.usable[np.searchsorted(self.tau, r, side="right") - 1])
+
+    def _integral(self, t: float, values: np.ndarray, cumulative: np.ndarray) -> float:
+        k, r = self._locate(t)
+        j = int(np.searchsorted(self.tau, r, side="right") - 1)
+        return k * float(cumulative[-1]) + float(cumulative[j]) + float(values[j]) * (r - float(self.tau[j]))
+
+    def live_device_seconds(self, t0: float, t1: float) -> float:
+        """Return ∫ live spot devices dt over [t0, t1]: what the spot pool is billed for."""
+        return self._integral(t1, self.live, self._cum_live) - self._integral(t0, self.live, self._cum_live)
+
+    def usable_device_seconds(self, t0: float, t1: float) -> float:
+        """Return ∫ usable spot devices dt over [t0, t1]."""
+        return self._integral(t1, self.usable, self._cum_usable) - self._integral(t0, self.usable, self._cum_usable)
+
+    def events(self, t0: float, t1: float) -> dict[str, int]:
+        """Return the totals over change points in [t0, t1) of removed, groups_hit, removal_points,
+        usable_after_removal and added devices."""
+        return {name: self._events_before(t1, name) - self._events_before(t0, name) for name in self._events}
+
+    def _events_before(self, t: float, name: str) -> int:
+        if t <= 0:
+            return 0
+        k, r = self._locate(t)
+        j = int(np.searchsorted(self.tau, r, side="left"))
+        prefix = self._event_prefix[name]
+        return int(k * prefix[-1] + prefix[j] - self._events[name][0])  # point 0 of period 0 is the start
+
+    def time_to_capacity(self, t0: float, work: float, od_rate: float, spot_rate: float) -> float:
+        """Return the first t ≥ t0 with od_rate·(t − t0) + spot_rate·∫_{t0}^{t} usable = work (inf if never).
+
+        The capacity function H(t) = od_rate·t + spot_rate·U(t) is increasing and piecewise linear:
+        one period adds od_rate·D + spot_rate·U(D), so whole periods are skipped arithmetically and
+        the rest is a binary search over the change points.
+        """
+        if work <= 0:
+            return t0
+        per_period = od_rate * self.period_s + spot_rate * float(self._cum_usable[-1])
+        if per_period <= 0:
+            return math.inf
+        target = od_rate * t0 + spot_rate * self._integral(t0, self.usable, self._cum_usable) + work
+        k = math.floor(target / per_period)
+        remainder = target - k * per_period
+        at_points = od_rate * self.tau + spot_rate * self._cum_usable[:-1]
+        j = int(np.searchsorted(at_points, remainder, side="right") - 1)
+        slope = od_rate + spot_rate * float(self.usable[j])
+        offset = (remainder - float(at_points[j])) / slope if slope > 0 else 0.0
+        return max(t0, k * self.period_s + float(self.tau[j]) + offset)
+
+
+# ---------------------------------------------------------------------------------------------
+# Results
+
+
+@dataclass(frozen=True)
+class IterationRecord:
+    """One iteration of the simulated loop. Times in seconds from the start of the run.
+
+    sync_explore_s: exploration on the critical path (sync-explore only); explore_s: spot
+    exploration hidden behind training (spotlight only; ≤ train_s); plan: the (N, S) plan whose
+    seeds this rollout used, None for random seeds; explored_prompts: prompts whose seeds it chose;
+    group_std / random_std: the realised mean group reward std and what random seeds would have
+    given; progress: cumulative fraction of the way to the target after this iteration; dollars:
+    cumulative cost at its end; spot_removed: spot devices preempted during it.
+    """
+
+    iteration: int
+    start_s: float
+    sync_explore_s: float
+    rollout_s: float
+    train_s: float
+    explore_s: float
+    broadcast_s: float
+    end_s: float
+    spot_live: int
+    plan: tuple[int, int] | None
+    explored_prompts: int
+    group_std: float
+    random_std: float
+    progress: float
+    dollars: float
+    spot_removed: int
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """What `simulate` returns.
+
+    reached: whether the target was reached within loop.max_iterations; time_to_target_s and
+    dollars_to_target: at the end of the iteration that reached it (inf when not reached);
+    iterations_to_target: that iteration's count (None when not reached); usage: per pool, the
+    device-seconds per phase of the whole simulated run, its dollars and utilisation;
+    alpha / alpha_source: the convergence exponent used and where it came from.
+    """
+
+    mode: Mode
+    reached: bool
+    time_to_target_s: float
+    dollars_to_target: float
+    iterations_to_target: int | None
+    iterations_run: int
+    simulated_s: float
+    dollars: float
+    usage: dict[Pool, Usage]
+    timeline: list[IterationRecord]
+    alpha: float
+    alpha_source: str
+    prices_per_gpu_hour: dict[Pool, float] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        """Return the headline numbers and per-pool utilisation as plain (JSON-able) data."""
+        return {
+            "mode": self.mode,
+            "reached": self.reached,
+            "time_to_target_h": self.time_to_target_s / 3600.0,
+            "dollars_to_target": self.dollars_to_target,
+            "iterations_to_target": self.iterations_to_target,
+            "mean_iteration_s": self.simulated_s / max(1, self.iterations_run),
+            "mean_group_std": float(np.mean([r.group_std for r in self.timeline])),
+            "mean_random_std": float(np.mean([r.random_std for r in self.timeline])),
+            "spot_removed": sum(r.spot_removed for r in self.timeline),
+            "alpha": self.alpha,
+            "alpha_source": self.alpha_source,
+            "utilisation": {pool: self.usage[pool].utilisation for pool in POOLS},
+            "phase_shares": {pool: self.usage[pool].shares() for pool in POOLS},
+            "dollars_by_pool": {pool: self.usage[pool].dollars for pool in POOLS},
+            "prices_per_gpu_hour": self.prices_per_gpu_hour,
+        }
+
+    def timeline_dicts(self) -> list[dict[str, Any]]:
+        """Return the per-iteration timeline as a list of plain dicts."""
+        return [asdict(record) for record in self.timeline]
+
+
+# ---------------------------------------------------------------------------------------------
+# The simulation
+
+
+@dataclass(frozen=True)
+class _Pools:
+    """Per-pool device times and the fixed facts of one run."""
+
+    od: DeviceTimes
+    spot: DeviceTimes
+    od_devices: int
+    od_usable: int
+
+    @property
+    def od_rate(self) -> float:
+        """Sample-steps per second of the whole usable on-demand pool."""
+        return self.od_usable / self.od.sample_step_device_s
+
+    @property
+    def spot_rate(self) -> float:
+        """Sample-steps per second of one usable spot device."""
+        return 1.0 / self.spot.sample_step_device_s
+
+
+@dataclass
+class _PhaseOutcome:
+    """A phase's end and its bookings per pool: useful work, overheads (device-seconds)."""
+
+    end_s: float
+    work_done: float  # sample-steps
+    busy_s: dict[Pool, float]
+    reconfiguring_s: dict[Pool, float]
+    lost_s: dict[Pool, float]
+    spot_removed: int
+
+
+class _Simulation:
+    """One run of the loop; `run` returns the SimResult. State lives here, decisions in the runtime's code."""
+
+    def __init__(self, config: SimConfig, trace: Availability, prices: Mapping[str, Offering]) -> None:
+        self.config = config
+        self.cluster = config.cluster
+        self.mode: Mode = config.mode
+        self.uses_spot = _USES_SPOT[config.mode] and config.cluster.spot_devices > 0
+        od_offering = _offering(prices, self.cluster.on_demand_instance, "cluster.on_demand_instance")
+        spot_offering = _offering(prices, self.cluster.spot_instance, "cluster.spot_instance")
+        od_price = _price(od_offering, "on_demand", "cluster.on_demand_instance")
+        spot_price = _price(spot_offering, "spot", "cluster.spot_instance") if self.uses_spot else 0.0
+        self.prices: dict[Pool, float] = {"on_demand": od_price, "spot": spot_price}
+        workload = config.workload
+        sp = workload.sp_degree
+        od_usable = (self.cluster.on_demand_devices // sp) * sp
+        if od_usable == 0:
+            raise ConfigError(
+                f"cluster.on_demand_devices ({self.cluster.on_demand_devices}) is below workload.sp_degree "
+                f"({sp}): no SP group fits; add on-demand devices or lower the SP degree"
+            )
+        try:
+            self.pools = _Pools(
+                od=device_times(workload, od_offering.gpus_per_machine),
+                spot=device_times(workload, spot_offering.gpus_per_machine),
+                od_devices=self.cluster.on_demand_devices,
+                od_usable=od_usable,
+            )
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        spot_devices = self.cluster.spot_devices if self.uses_spot else 0
+        self.spot = SpotTimeline(trace, spot_devices, self.cluster.trace_time_scale, sp)
+        self.meter = CostMeter(od_price, spot_price)
+        self.planner = ExplorationPlanner(config.planner)
+        self.signal = SignalModel(config.signal, workload.rollout_steps, config.seed)
+        try:
+            self.alpha, self.alpha_source = resolve_convergence(config.convergence)
+        except ValueError as error:
+            raise ConfigError(f"convergence.measured: {error}") from None
+        self.samples = config.loop.prompts_per_iteration * config.loop.group_size
+        self.train_s = self.pools.od.train_s(workload, self.samples, self.cluster.on_demand_devices)
+
+    # --- phases ------------------------------------------------------------------------------
+    def _phase_overheads(self, t0: float, t1: float, steps_per_request: int, od_in_phase: bool) -> tuple[
+        dict[Pool, float], dict[Pool, float], int
+    ]:
+        """Return (reconfiguring, lost) device-seconds per pool caused by spot events in [t0, t1), and
+        the devices removed.
+
+        Per preempted SP group (⌈removed / sp⌉ of them: groups live inside one machine, and a
+        preemption takes whole machines): with a notice of at least one step, the request finishes
+        its current step and commits, losing at most that step (counted as the whole step, an upper
+        bound); without, it loses the work since its last commit — its start, as a request commits
+        only on a notice or when done — on average half a request. Elastic recovery: the hit groups'
+        survivors re-form in elastic_reconfigure_s (charged to the whole group, an upper bound) and
+        each joining device copies the weights from a peer and joins in elastic_reconfigure_s.
+        Cold recovery: each removal time stalls every device of the phase for cold_restart_s (one
+        static process group), and each joining device cold-starts for cold_restart_s.
+        """
+        cluster = self.cluster
+        sp = self.config.workload.sp_degree
+        step_s = self.pools.spot.step_s
+        events = self.spot.events(t0, t1)
+        per_group_lost_s = step_s if cluster.notice_s >= step_s else 0.5 * steps_per_request * step_s
+        lost: dict[Pool, float] = {"on_demand": 0.0, "spot": events["groups_hit"] * sp * per_group_lost_s}
+        reconfiguring: dict[Pool, float] = {"on_demand": 0.0, "spot": 0.0}
+        if cluster.recovery == "elastic":
+            reconfiguring["spot"] = (
+                events["groups_hit"] * sp * cluster.elastic_reconfigure_s
+                + events["added"] * (self.pools.spot.weight_copy_s + cluster.elastic_reconfigure_s)
+            )
+        else:
+            reconfiguring["spot"] = (events["usable_after_removal"] + events["added"]) * cluster.cold_restart_s
+            if od_in_phase:
+                reconfiguring["on_demand"] = events["removal_points"] * self.pools.od_usable * cluster.cold_restart_s
+        return reconfiguring, lost, events["removed"]
+
+    def _run_phase(
+        self, t0: float, work: float, padded_work: float, steps_per_request: int, use_od: bool, deadline_s: float
+    ) -> _PhaseOutcome:
+        """Run `work` sample-steps (padded to `padded_work` for whole request rounds) from t0 on the
+        usable on-demand devices (if use_od) and usable spot devices, until done or `deadline_s`.
+
+        The end solves capacity(t0, t) = padded work + overheads(t0, t) by fixed-point iteration:
+        overheads only grow with t, so t only grows, and it stops when no new event falls inside.
+        """
+        od_rate = self.pools.od_rate if use_od else 0.0
+        spot_rate = self.pools.spot_rate if self.uses_spot else 0.0
+        end = self.spot.time_to_capacity(t0, padded_work, od_rate, spot_rate)
+        overhead_work = 0.0
+        while True:
+            horizon = min(end, deadline_s)
+            reconfiguring, lost, _ = self._phase_overheads(t0, horizon, steps_per_request, use_od)
+            overhead_work = (reconfiguring["spot"] + lost["spot"]) * spot_rate + reconfiguring["on_demand"] * (
+                od_rate / max(1, self.pools.od_usable)
+            )
+            new_end = self.spot.time_to_capacity(t0, padded_work + overhead_work, od_rate, spot_rate)
+            if new_end <= end * (1 + 1e-12) or new_end >= deadline_s or new_end - t0 > _STALL_HORIZON_S:
+                end = new_end
+                break
+            end = new_end
+        if end - t0 > _STALL_HORIZON_S and deadline_s == math.inf:
+            raise _Stalled(t0)
+        end = min(end, deadline_s)
+        reconfiguring, lost, removed = self._phase_overheads(t0, end, steps_per_request, use_od)
+        capacity = {
+            "on_demand": od_rate * (end - t0),
+            "spot": spot_rate * self.spot.usable_device_seconds(t0, end),
+        }
+        rates = {"on_demand": od_rate / max(1, self.pools.od_usable), "spot": spot_rate}
+        remaining = {
+            pool: max(0.0, capacity[pool] - (reconfiguring[pool] + lost[pool]) * rates[pool]) for pool in POOLS
+        }
+        total = sum(remaining.values())
+        work_done = min(work, total)
+        busy_s = {
+            pool: (work_done * remaining[pool] / total / rates[pool] if total > 0 and rates[pool] > 0 else 0.0)
+            for pool in POOLS
+        }
+        return _PhaseOutcome(end, work_done, busy_s, reconfiguring, lost, removed)
+
+    def _book(self, t0: float, t1: float, phase: Phase, outcome: _PhaseOutcome | None, od_phase: Phase | None) -> None:
+        """Book [t0, t1] for both pools: the outcome's work under `phase` and its overheads, the rest
+        of the rented time as idle; the on-demand pool goes wholly to `od_phase` when given (training)."""
+        rented: dict[Pool, float] = {
+            "on_demand": self.pools.od_devices * (t1 - t0),
+            "spot": self.spot.live_device_seconds(t0, t1) if self.uses_spot else 0.0,
+        }
+        for pool in POOLS:
+            if pool == "on_demand" and od_phase is not None:
+                self.meter.book(pool, od_phase, rented[pool])
+            elif outcome is None:
+                self.meter.book_window(pool, rented[pool])
+            else:  # overheads first, then work, each capped by what is left of the rented time
+                reconfiguring = min(outcome.reconfiguring_s[pool], rented[pool])
+                lost = min(outcome.lost_s[pool], rented[pool] - reconfiguring)
+                busy = min(outcome.busy_s[pool], rented[pool] - reconfiguring - lost)
+                self.meter.book_window(pool, rented[pool], {phase: busy}, reconfiguring, lost)
+
+    def _explore_work(self, plan: ExplorePlan) -> float:
+        return float(plan.num_candidates * plan.num_steps * self.config.loop.prompts_per_iteration)
+
+    def _observe_cost(self, plan: ExplorePlan, outcome: _PhaseOutcome) -> None:
+        """Tell the planner what the exploration cost: device-seconds of work and overheads."""
+        candidates_run = round(outcome.work_done / plan.num_steps)
+        if candidates_run < 1:
+            return
+        seconds = sum(outcome.busy_s.values()) + sum(outcome.reconfiguring_s.values()) + sum(outcome.lost_s.values())
+        self.planner.observe_cost(plan, seconds, candidates_run, plan.num_steps)
+
+    # --- the loop ----------------------------------------------------------------------------
+    def run(self) -> SimResult:
+        config = self.config
+        loop = config.loop
+        workload = config.workload
+        prompts, group = loop.prompts_per_iteration, loop.group_size
+        sp, batch, steps = workload.sp_degree, workload.batch_size, workload.rollout_steps
+        rollout_work = float(self.samples * steps)
+        requests = math.ceil(self.samples / batch)
+
+        t = 0.0
+        progress = 0.0
+        timeline: list[IterationRecord] = []
+        reached_at: IterationRecord | None = None
+        next_plan: ExplorePlan | None = None  # spotlight: plan explored during the previous training
+        next_explored = 0
+        for iteration in range(loop.max_iterations):
+            start = t
+            spot_live = self.spot.live_at(t) if self.uses_spot else 0
+            # 1. sync-explore: explore P_i with fresh θ_i on every device, on the critical path.
+            plan, explored, stale, sync_s = None, 0, False, 0.0
+            if self.mode == "sync-explore":
+                devices = self.pools.od_usable + (self.spot.usable_at(t) if self.uses_spot else 0)
+                decision = self.planner.choose(self.train_s, devices, prompts)
+                if decision.plan is not None:
+                    plan = decision.plan
+                    work = self._explore_work(plan)
+                    outcome = self._run_phase(t, work, work, plan.num_steps, True, math.inf)
+                    self._book(t, outcome.end_s, "explore", outcome, None)
+                    self._observe_cost(plan, outcome)
+                    sync_s, t, explored = outcome.end_s - t, outcome.end_s, prompts
+            elif self.mode == "spotlight":
+                plan, explored, stale = next_plan, next_explored, True
+
+            # 2. rollout P_i × G on the devices holding θ_i, padded to whole rounds of the groups live now.
+            groups = self.pools.od_usable // sp + (self.spot.usable_at(t) // sp if self.uses_spot else 0)
+            padded = math.ceil(requests / groups) * groups * batch * steps
+            outcome = self._run_phase(t, rollout_work, float(padded), steps, True, math.inf)
+            self._book(t, outcome.end_s, "rollout", outcome, None)
+            rollout_s, t = outcome.end_s - t, outcome.end_s
+            signal = self.signal.draw(progress, prompts, group, plan, explored, stale)
+            if plan is not None and explored > 0:
+                self.planner.observe_reward(plan, signal.explored_variance)
+            ratio = signal.group_std / signal.random_std if signal.random_std > 0 else 1.0
+            progress += ratio**self.alpha / config.convergence.vanilla_iterations
+
+            # 3. train θ_i → θ_{i+1} on on-demand; spotlight explores P_{i+1} on spot meanwhile.
+            train_end = t + self.train_s
+            explore_s = 0.0
+            next_plan, next_explored = None, 0
+            if self.mode == "spotlight" and self.uses_spot:
+                decision = self.planner.choose(self.train_s, self.spot.usable_at(t), prompts)
+                if decision.plan is not None:
+                    next_plan = decision.plan
+                    work = self._explore_work(next_plan)
+                    outcome = self._run_phase(t, work, work, next_plan.num_steps, False, train_end)
+                    self._observe_cost(next_plan, outcome)
+                    next_explored = math.floor(prompts * outcome.work_done / work + 1e-9)
+                    explore_s = outcome.end_s - t
+                    self._book(t, train_end, "explore", outcome, "train")
+                else:
+                    self._book(t, train_end, "explore", None, "train")
+            else:
+                self._book(t, train_end, "train", None, "train")
+            t = train_end
+
+            # 4. broadcast θ_{i+1} to the spot devices (the trainer already holds it).
+            broadcast_s = self.pools.spot.broadcast_s if self.uses_spot else 0.0
+            if broadcast_s > 0:
+                self.meter.book("on_demand", "broadcast", self.pools.od_devices * broadcast_s)
+                self.meter.book("spot", "broadcast", self.spot.live_device_seconds(t, t + broadcast_s))
+                t += broadcast_s
+
+            record = IterationRecord(
+                iteration=iteration,
+                start_s=start,
+                sync_explore_s=sync_s,
+                rollout_s=rollout_s,
+                train_s=self.train_s,
+                explore_s=explore_s,
+                broadcast_s=broadcast_s,
+                end_s=t,
+                spot_live=spot_live,
+                plan=(plan.num_candidates, plan.num_steps) if plan is not None and explored > 0 else None,
+                explored_prompts=explored,
+                group_std=signal.group_std,
+                random_std=signal.random_std,
+                progress=progress,
+                dollars=self.meter.dollars,
+                spot_removed=self.spot.events(start, t)["removed"] if self.uses_spot else 0,
+            )
+            timeline.append(record)
+            if reached_at is None and progress >= 1.0 - 1e-9:
+                reached_at = record
+                if loop.stop_at_target:
+                    break
+
+        return SimResult(
+            mode=self.mode,
+            reached=reached_at is not None,
+            time_to_target_s=reached_at.end_s if reached_at else math.inf,
+            dollars_to_target=reached_at.dollars if reached_at else math.inf,
+            iterations_to_target=reached_at.iteration + 1 if reached_at else None,
+            iterations_run=len(timeline),
+            simulated_s=t,
+            dollars=self.meter.dollars,
+            usage={pool: self.meter.usage(pool) for pool in POOLS},
+            timeline=timeline,
+            alpha=self.alpha,
+            alpha_source=self.alpha_source,
+            prices_per_gpu_hour=dict(self.prices),
+        )
+
+
+class _Stalled(RuntimeError):
+    """A phase that never ends: overheads outrun progress (e.g. cold restarts longer than the gaps)."""
+
+    def __init__(self, t0: float) -> None:
+        super().__init__(f"a phase starting at {t0:.0f} s never ends: preemption overheads outrun its progress")
+
+
+def _offering(prices: Mapping[str, Offering], instance: str, where: str) -> Offering:
+    if instance not in prices:
+        raise ConfigError(f"{where}: unknown instance {instance!r}; known: {', '.join(sorted(prices))}")
+    return prices[instance]
+
+
+def _price(offering: Offering, kind: Literal["on_demand", "spot"], where: str) -> float:
+    try:
+        return offering.per_gpu_hour(kind)
+    except PriceError as error:
+        raise ConfigError(f"{where}: {error}") from None
+
+
+def resolve_trace(name: str) -> Availability:
+    """Return the Availability of `name`: an existing path, or a file in the spot trace folder."""
+    path = Path(name)
+    if not path.is_file():
+        path = default_trace_dir() / name
+    return load_trace(path)
+
+
+def simulate(
+    config: SimConfig,
+    trace: Availability | None = None,
+    prices: Mapping[str, Offering] | None = None,
+) -> SimResult:
+    """Return the SimResult of running `config`'s loop on its cluster.
+
+    trace: the spot availability (default: `cluster.trace` loaded from disk); prices: the price
+    table (default: the packaged one with `cluster.price_overrides` applied). A run whose phases
+    stall forever (overheads outrun progress) returns reached=False with the iterations it did.
+    Raises ConfigError for an unknown instance, a missing price or an impossible SP layout.
+    """
+    if trace is None:
+        trace = resolve_trace(config.cluster.trace)
+    if prices is None:
+        prices = price_override(load_prices(), config.cluster.price_overrides, "cluster.price_overrides")
+    simulation = _Simulation(config, trace, prices)
+    try:
+        with _single_threaded_torch():
+            return simulation.run()
+    except _Stalled:
+        return _stalled_result(simulation)
+
+
+@contextmanager
+def _single_threaded_torch() -> Iterator[None]:
+    """Run torch on one thread inside, restoring the caller's setting after.
+
+    The only tensors here are the (P, N) candidate rewards of `select_seeds` (at most a few
+    hundred by a hundred): spreading them over threads costs more than it saves — 10× on a busy
+    2-core machine, measured (44 ms vs 1.3 ms a call).
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _stalled_result(simulation: _Simulation) -> SimResult:
+    return SimResult(
+        mode=simulation.mode,
+        reached=False,
+        time_to_target_s=math.inf,
+        dollars_to_target=math.inf,
+        iterations_to_target=None,
+        iterations_run=0,
+        simulated_s=math.inf,
+        dollars=simulation.meter.dollars,
+        usage={pool: simulation.meter.usage(pool) for pool in POOLS},
+        timeline=[],
+        alpha=simulation.alpha,
+        alpha_source=simulation.alpha_source,
+        prices_per_gpu_hour=dict(simulation.prices),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Which cluster to rent
+
+
+@dataclass(frozen=True)
+class MixRow:
+    """One simulated cluster mix: its devices, price sources and outcome."""
+
+    on_demand_devices: int
+    spot_devices: int
+    on_demand_instance: str
+    spot_instance: str
+    time_to_target_s: float
+    dollars_to_target: float
+    meets_deadline: bool
+
+
+@dataclass(frozen=True)
+class MixSweep:
+    """The cheapest mix that meets the deadline (None when none does) and every mix tried."""
+
+    best: MixRow | None
+    rows: list[MixRow]
+
+
+def price_sources(prices: Mapping[str, Offering]) -> list[tuple[str, str]]:
+    """Return every (on-demand instance, spot instance) pair of one provider that has both prices."""
+    on_demand = [o for o in prices.values() if o.on_demand_per_hour is not None]
+    spot = [o for o in prices.values() if o.spot_per_hour is not None]
+    return [(a.instance, b.instance) for a in on_demand for b in spot if a.provider == b.provider]
+
+
+def cheapest_mix(
+    deadline_s: float,
+    base: SimConfig | None = None,
+    on_demand_options: Sequence[int] = (8, 16, 32, 64),
+    spot_options: Sequence[int] = (0, 16, 32, 64),
+    sources: Sequence[tuple[str, str]] | None = None,
+    prices: Mapping[str, Offering] | None = None,
+    trace: Availability | None = None,
+    on_result: Callable[[MixRow], None] | None = None,
+) -> MixSweep:
+    """Return the cheapest cluster mix whose simulated time to target is within `deadline_s`.
+
+    Sweeps on_demand_options × spot_options × sources ((on-demand instance, spot instance) pairs;
+    default: every same-provider pair with both prices), simulating `base` (default SimConfig())
+    with each; dollars to target decides, then time. `on_result` sees each row as it is done.
+    """
+    if not (deadline_s > 0):
+        raise ValueError(f"cheapest_mix: deadline_s must be > 0 seconds (got {deadline_s})")
+    base = base if base is not None else SimConfig()
+    if prices is None:
+        prices = price_override(load_prices(), base.cluster.price_overrides, "cluster.price_overrides")
+    if trace is None:
+        trace = resolve_trace(base.cluster.trace)
+    sources = list(sources) if sources is not None else price_sources(prices)
+    if not sources:
+        raise ValueError("cheapest_mix: no price source has both an on-demand and a spot price; pass sources")
+    rows: list[MixRow] = []
+    for on_demand, spot, (od_instance, spot_instance) in itertools.product(on_demand_options, spot_options, sources):
+        cluster = base.cluster.model_copy(update={
+            "on_demand_devices": on_demand, "spot_devices": spot,
+            "on_demand_instance": od_instance, "spot_instance": spot_instance,
+        })
+        result = simulate(base.model_copy(update={"cluster": cluster}), trace=trace, prices=prices)
+        row = MixRow(on_demand, spot, od_instance, spot_instance, result.time_to_target_s,
+                     result.dollars_to_target, result.reached and result.time_to_target_s <= deadline_s)
+        rows.append(row)
+        if on_result is not None:
+            on_result(row)
+    meeting = [row for row in rows if row.meets_deadline]
+    best = min(meeting, key=lambda row: (row.dollars_to_target, row.time_to_target_s)) if meeting else None
+    return MixSweep(best, rows)
+
