@@ -1,0 +1,387 @@
+"""The pull-based, preemption-aware request queue: leases, commits on preemption, exactly-once results.
+
+A request (prompt, seed, plan) moves through three states::
+
+    pending ──pull──▶ leased(worker, expiry, committed latent & step) ──complete──▶ done(result)
+       ▲                 │
+       └──commit/expire──┘   (back to pending, keeping the committed (latent, step))
+
+Workers *pull* as much as they can carry, so a fast or big worker takes more and a slow one never
+holds work it cannot start. A lease lives while its worker heartbeats (a pull or a heartbeat extends
+all of that worker's leases). On a preemption notice a worker commits each in-flight request's
+(latent, step) and the request goes back to the front of the queue, so the next worker resumes it at
+that step: the sampler draws step k's noise from stream (seed, k), so the resumed sample is
+bit-identical to an uninterrupted one. A worker that vanishes without notice stops heartbeating; its
+leases expire and go back from their last committed step (or from scratch).
+
+Exactly once: the first completion of a request is kept and every later one (from a worker whose
+lease had expired and whose request was re-leased) is ignored and counted, never overwrites it.
+A commit from a worker that no longer holds the lease is stale and rejected, so an old worker cannot
+roll a request back.
+
+`RequestQueue` is a plain class with an injectable clock, so every rule above is unit-tested without
+Ray; `start_queue_actor` runs it as one Ray actor pinned to the on-demand node, whose calls Ray
+serialises, so the class needs no locks. `RemoteQueue` gives workers the same blocking interface
+over a Ray actor handle that the plain class offers in-process.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import ray
+import torch
+
+from spotlight.diffusion.sampler import SamplingPlan
+
+__all__ = [
+    "Lease",
+    "QueueActor",
+    "QueueClient",
+    "QueueError",
+    "QueueStats",
+    "RemoteQueue",
+    "Request",
+    "RequestQueue",
+    "start_queue_actor",
+]
+
+Status = Literal["pending", "leased", "done"]
+
+
+class QueueError(RuntimeError):
+    """A call that breaks the queue's protocol; the message names the request, the worker and the fix."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """One sample to denoise: a pure function of (weights, prompt, seed, plan)."""
+
+    request_id: str
+    prompt: str
+    seed: int
+    plan: SamplingPlan
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A request handed to ``worker_id`` until ``expires_at`` (queue clock, seconds).
+
+    ``step`` is the committed schedule index to resume from and ``latent`` (C, H, W) the latent at
+    that step; ``latent is None`` (with ``step == 0``) means start from the seed's initial noise.
+    """
+
+    request: Request
+    worker_id: str
+    step: int
+    latent: torch.Tensor | None
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """Counts of the queue's states and events, and the time the queue spends serving a pull.
+
+    ``resumed``: leases granted from a committed step > 0 (work some other worker had done).
+    ``stale_commits``: commits from a worker that no longer held the lease (rejected).
+    ``duplicate_completions``: completions of a request already done (ignored, never stored).
+    ``late_completions``: first completions that came from a worker whose lease had lapsed (kept).
+    ``mean_pull_s`` / ``max_pull_s``: service time of ``pull`` inside the queue (wall clock); a
+    worker's round trip adds the RPC on top.
+    """
+
+    submitted: int
+    pending: int
+    leased: int
+    done: int
+    pulls: int
+    leases_granted: int
+    resumed: int
+    commits: int
+    checkpoints: int
+    stale_commits: int
+    duplicate_completions: int
+    late_completions: int
+    expirations: int
+    mean_pull_s: float
+    max_pull_s: float
+
+
+@dataclass
+class _Entry:
+    """The queue's mutable record of one request."""
+
+    request: Request
+    order: int  # submission index: fixes the order of requests that expire together
+    status: Status = "pending"
+    step: int = 0
+    latent: torch.Tensor | None = None
+    worker_id: str | None = None
+    expires_at: float = 0.0
+    holders: set[str] = field(default_factory=set)
+    result: torch.Tensor | None = None
+
+
+def _cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A compact CPU copy: a view would otherwise drag its whole storage across Ray with it."""
+    return tensor.detach().to("cpu", copy=True).contiguous()
+
+
+class RequestQueue:
+    """The request queue (see the module docstring); every method is one atomic step.
+
+    ``lease_timeout_s``: how long a lease lives after its worker's last pull or heartbeat; it must
+    exceed the longest gap between a worker's heartbeats (one denoising step plus slack), or live
+    workers lose leases and redo work. ``clock``: seconds, monotonic; injectable for tests.
+    """
+
+    def __init__(self, lease_timeout_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        if not lease_timeout_s > 0:
+            raise QueueError(f"lease_timeout_s must be > 0 seconds (got {lease_timeout_s})")
+        self.lease_timeout_s = float(lease_timeout_s)
+        self._clock = clock
+        self._entries: dict[str, _Entry] = {}
+        self._pending: deque[str] = deque()  # may hold ids completed while pending; pull skips them
+        self._leases: dict[str, set[str]] = {}  # worker_id -> request ids it holds
+        self._pull_seconds: list[float] = []
+        self._counts = dict.fromkeys(
+            ("leases_granted", "resumed", "commits", "checkpoints", "stale_commits", "duplicate_completions",
+             "late_completions", "expirations"),
+            0,
+        )
+
+    # -- producer side -------------------------------------------------------------------------
+    def submit(self, requests: Sequence[Request]) -> int:
+        """Queue ``requests`` in order; returns how many were queued. Ids must be new."""
+        for request in requests:
+            if request.request_id in self._entries:
+                raise QueueError(
+                    f"request id {request.request_id!r} was already submitted: give every request a unique id"
+                )
+        for request in requests:
+            self._entries[request.request_id] = _Entry(request, order=len(self._entries))
+            self._pending.append(request.request_id)
+        return len(requests)
+
+    def results(self) -> dict[str, torch.Tensor]:
+        """The result of every done request, by request id (each stored exactly once)."""
+        return {rid: entry.result for rid, entry in self._entries.items() if entry.result is not None}
+
+    def remaining(self) -> int:
+        """How many submitted requests are not done yet (pending or leased)."""
+        return sum(1 for entry in self._entries.values() if entry.status != "done")
+
+    def leases_by_worker(self) -> dict[str, int]:
+        """How many leases each worker holds now (workers with none are left out)."""
+        return {worker: len(ids) for worker, ids in self._leases.items() if ids}
+
+    # -- worker side ---------------------------------------------------------------------------
+    def pull(self, worker_id: str, max_requests: int) -> list[Lease]:
+        """Lease up to ``max_requests`` pending requests to ``worker_id``, resumed ones first.
+
+        Returns the leases (possibly none). Overdue leases are expired first, so idle workers
+        reclaim a vanished worker's requests without a separate timer; the pull also counts as a
+        heartbeat for the worker's other leases.
+        """
+        started = time.perf_counter()
+        if max_requests < 0:
+            raise QueueError(f"pull(max_requests={max_requests}) must be ≥ 0")
+        now = self._clock()
+        self.expire(now)
+        expires_at = now + self.lease_timeout_s
+        held = self._leases.setdefault(worker_id, set())
+        for request_id in held:
+            self._entries[request_id].expires_at = expires_at
+        leases = []
+        while self._pending and len(leases) < max_requests:
+            entry = self._entries[self._pending.popleft()]
+            if entry.status != "pending":  # completed by a lapsed worker while it waited here
+                continue
+            entry.status, entry.worker_id, entry.expires_at = "leased", worker_id, expires_at
+            entry.holders.add(worker_id)
+            held.add(entry.request.request_id)
+            self._counts["leases_granted"] += 1
+            self._counts["resumed"] += entry.step > 0
+            leases.append(Lease(entry.request, worker_id, entry.step, entry.latent, expires_at))
+        self._pull_seconds.append(time.perf_counter() - started)
+        return leases
+
+    def heartbeat(self, worker_id: str) -> list[str]:
+        """Extend every lease ``worker_id`` holds; returns the ids it still holds.
+
+        A worker drops in-flight requests missing from the answer: their leases lapsed and they
+        now belong to the queue again (or to another worker).
+        """
+        expires_at = self._clock() + self.lease_timeout_s
+        held = self._leases.get(worker_id, set())
+        for request_id in held:
+            self._entries[request_id].expires_at = expires_at
+        return sorted(held)
+
+    def commit(
+        self, worker_id: str, request_id: str, latent: torch.Tensor, step: int, keep_lease: bool = False
+    ) -> bool:
+        """Store ``latent`` (C, H, W) as the request's progress at schedule index ``step``.
+
+        With ``keep_lease=False`` (a preemption notice) the request goes back to the front of the
+        queue to be resumed at ``step``; with ``keep_lease=True`` (a checkpoint) the worker keeps
+        going and a later expiry resumes from here rather than from scratch. Returns False, and
+        changes nothing, when ``worker_id`` no longer holds the lease (a stale commit).
+        """
+        entry = self._entry(request_id)
+        if entry.status != "leased" or entry.worker_id != worker_id:
+            self._counts["stale_commits"] += 1
+            return False
+        num_steps = entry.request.plan.num_steps
+        if not entry.step <= step < num_steps:
+            raise QueueError(
+                f"worker {worker_id} committed request {request_id} at step {step}, outside "
+                f"[{entry.step}, {num_steps}) (its last committed step, the plan's steps): "
+                "commit the step reached, and call complete() once all steps are done"
+            )
+        entry.latent, entry.step = _cpu_copy(latent), int(step)
+        if keep_lease:
+            entry.expires_at = self._clock() + self.lease_timeout_s
+            self._counts["checkpoints"] += 1
+        else:
+            self._release(entry, front=True)
+            self._counts["commits"] += 1
+        return True
+
+    def complete(self, worker_id: str, request_id: str, result: torch.Tensor) -> bool:
+        """Record ``result`` as the request's final output; returns whether it was kept.
+
+        The first completion wins, even from a worker whose lease has lapsed (results are a pure
+        function of the request, so it is the same result, and the work is not wasted); a later
+        completion returns False and is counted, never stored.
+        """
+        entry = self._entry(request_id)
+        if worker_id not in entry.holders:
+            raise QueueError(
+                f"worker {worker_id} completed request {request_id} without ever leasing it: "
+                "complete only requests handed out by pull()"
+            )
+        if entry.status == "done":
+            self._counts["duplicate_completions"] += 1
+            return False
+        if entry.status == "leased":
+            if entry.worker_id != worker_id:
+                self._counts["late_completions"] += 1
+            self._leases[entry.worker_id].discard(request_id)
+        else:
+            self._counts["late_completions"] += 1
+        entry.status, entry.worker_id, entry.latent = "done", None, None
+        entry.result = _cpu_copy(result)
+        return True
+
+    def expire(self, now: float | None = None) -> list[str]:
+        """Send leases overdue at ``now`` (default: the clock) back to pending; returns their ids.
+
+        They resume from their last committed (latent, step), or from the seed if none.
+        """
+        now = self._clock() if now is None else now
+        expired = [
+            entry for ids in self._leases.values() for rid in ids
+            if (entry := self._entries[rid]).expires_at <= now
+        ]
+        expired.sort(key=lambda entry: entry.order)
+        for entry in reversed(expired):  # appendleft in reverse: they go first, in submission order
+            self._release(entry, front=True)
+        self._counts["expirations"] += len(expired)
+        return [entry.request.request_id for entry in expired]
+
+    def stats(self) -> QueueStats:
+        """A snapshot of the counts (see `QueueStats`)."""
+        statuses = [entry.status for entry in self._entries.values()]
+        pulls = self._pull_seconds
+        return QueueStats(
+            submitted=len(statuses),
+            pending=statuses.count("pending"),
+            leased=statuses.count("leased"),
+            done=statuses.count("done"),
+            pulls=len(pulls),
+            mean_pull_s=sum(pulls) / len(pulls) if pulls else 0.0,
+            max_pull_s=max(pulls, default=0.0),
+            **self._counts,
+        )
+
+    # -- internals -----------------------------------------------------------------------------
+    def _entry(self, request_id: str) -> _Entry:
+        entry = self._entries.get(request_id)
+        if entry is None:
+            raise QueueError(f"unknown request id {request_id!r}: it was never submitted to this queue")
+        return entry
+
+    def _release(self, entry: _Entry, front: bool) -> None:
+        """Leased -> pending, keeping the committed state; resumed work goes first."""
+        self._leases[entry.worker_id].discard(entry.request.request_id)
+        entry.status, entry.worker_id = "pending", None
+        if front:
+            self._pending.appendleft(entry.request.request_id)
+        else:
+            self._pending.append(entry.request.request_id)
+
+
+class QueueClient(Protocol):
+    """What a worker needs from the queue; `RequestQueue` (in-process) and `RemoteQueue` (Ray) both fit."""
+
+    def pull(self, worker_id: str, max_requests: int) -> list[Lease]: ...
+
+    def heartbeat(self, worker_id: str) -> list[str]: ...
+
+    def commit(
+        self, worker_id: str, request_id: str, latent: torch.Tensor, step: int, keep_lease: bool = False
+    ) -> bool: ...
+
+    def complete(self, worker_id: str, request_id: str, result: torch.Tensor) -> bool: ...
+
+    def remaining(self) -> int: ...
+
+
+QueueActor = ray.remote(RequestQueue)
+
+
+class RemoteQueue:
+    """Blocking calls to a queue actor, so a worker loop runs the same against Ray or in-process."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    def pull(self, worker_id: str, max_requests: int) -> list[Lease]:
+        return ray.get(self.handle.pull.remote(worker_id, max_requests))
+
+    def heartbeat(self, worker_id: str) -> list[str]:
+        return ray.get(self.handle.heartbeat.remote(worker_id))
+
+    def commit(
+        self, worker_id: str, request_id: str, latent: torch.Tensor, step: int, keep_lease: bool = False
+    ) -> bool:
+        return ray.get(self.handle.commit.remote(worker_id, request_id, latent, step, keep_lease))
+
+    def complete(self, worker_id: str, request_id: str, result: torch.Tensor) -> bool:
+        return ray.get(self.handle.complete.remote(worker_id, request_id, result))
+
+    def remaining(self) -> int:
+        return ray.get(self.handle.remaining.remote())
+
+
+def start_queue_actor(lease_timeout_s: float = 10.0, resource: str | None = "on_demand") -> Any:
+    """Start the queue as a Ray actor and return its handle.
+
+    The queue is the one piece whose loss loses work, so it is pinned to a node that offers the
+    custom ``resource`` (the on-demand node; ``None`` places it anywhere). It takes no CPU slot and
+    serves one call at a time, which is what makes every `RequestQueue` method atomic.
+    """
+    options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1}
+    if resource is not None:
+        if ray.cluster_resources().get(resource, 0) <= 0:
+            raise QueueError(
+                f"no Ray node offers the resource {resource!r} to pin the queue to: start the on-demand "
+                f"node with resources={{{resource!r}: 1}}, or pass resource=None"
+            )
+        options["resources"] = {resource: 0.001}
+    return QueueActor.options(**options).remote(lease_timeout_s=lease_timeout_s)
