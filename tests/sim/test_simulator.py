@@ -1,0 +1,276 @@
+"""Tests for spotlight.sim.simulator: the spot timeline's arithmetic, phase times and costs by hand,
+preemption overheads, the runtime planner's inputs, the modes against each other, the mix sweep and speed."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+from spotlight.config import ConfigError, parse_config
+from spotlight.explore.planner import Decision, ExplorationPlanner
+from spotlight.sim.prices import load_prices
+from spotlight.sim.simulator import SimConfig, SpotTimeline, cheapest_mix, price_sources, simulate
+from spotlight.sim.traces import Availability, NodeEvent, poisson_trace
+
+# Independent of the workload module: Qwen-Image at 1280², one guided step = 2 forwards of
+# 24·60·3072²·6528 + 4·60·6528²·3072 FLOPs at 40% of 989 TFLOP/s (test_workload checks the sum).
+FLOPS = 88_712_549_498_880 + 31_419_027_947_520
+STEP_S = 2 * FLOPS / (0.40 * 989e12)  # 0.607 s, one device, one sample
+TRAIN_SAMPLE_S = 10 * 4 * 2 * FLOPS / (0.40 * 989e12)  # 10 steps · (fwd+bwd + reference) · CFG
+ON_DEMAND, SPOT = 55.04 / 8, 14.24 / 8  # p5.48xlarge $/GPU-hour
+
+
+def trace_of(events: list[tuple[float, str, str]], duration_s: float) -> Availability:
+    return Availability(tuple(NodeEvent(t, kind, node) for t, kind, node in events), duration_s)
+
+
+STEADY = trace_of([(0.0, "add", "a"), (0.0, "add", "b")], 1e6)  # two nodes, never preempted
+
+
+def small(mode: str, on_demand: int = 4, spot: int = 2, iterations: float = 5, **cluster: object) -> SimConfig:
+    """4 prompts × 4 samples on a handful of devices: fast, and every number is hand-checkable."""
+    return parse_config(SimConfig, {
+        "mode": mode,
+        "cluster": {"on_demand_devices": on_demand, "spot_devices": spot, **cluster},
+        "loop": {"prompts_per_iteration": 4, "group_size": 4, "max_iterations": 60},
+        "planner": {"num_candidates": [4, 8, 16], "num_steps": [2, 4, 8]},
+        "convergence": {"vanilla_iterations": iterations},
+    })
+
+
+# --- the spot timeline -----------------------------------------------------------------------
+
+
+def test_timeline_integrates_the_live_count_and_replays_the_trace() -> None:
+    trace = trace_of([(0, "add", "a"), (0, "add", "b"), (10, "remove", "b"), (30, "add", "b")], 40.0)
+    spot = SpotTimeline(trace, spot_devices=2, time_scale=1.0, sp_degree=1)
+    assert [spot.live_at(t) for t in (0, 9.9, 10, 29, 30, 39)] == [2, 2, 1, 1, 2, 2]
+    assert spot.live_device_seconds(0, 40) == pytest.approx(2 * 10 + 1 * 20 + 2 * 10)
+    assert spot.live_device_seconds(0, 120) == pytest.approx(3 * 60)
+    assert spot.live_at(55.0) == spot.live_at(15.0) == 1
+    assert spot.events(0, 40) == {"removed": 1, "groups_hit": 1, "removal_points": 1,
+                                  "usable_after_removal": 1, "added": 1}
+    assert spot.events(40, 80)["removed"] == 1  # the replay preempts again at 50
+
+
+def test_the_replay_jump_from_the_last_count_to_the_first_is_an_event() -> None:
+    trace = trace_of([(0, "add", "a"), (0, "add", "b"), (10, "remove", "b")], 40.0)
+    spot = SpotTimeline(trace, spot_devices=2, time_scale=1.0, sp_degree=1)
+    assert spot.events(0, 40)["added"] == 0  # the start is no event
+    assert spot.events(0, 40.5)["added"] == 1  # back to 2 at t = 40
+
+
+def test_timeline_maps_the_trace_peak_onto_the_pool_and_counts_whole_sp_groups() -> None:
+    trace = trace_of([(0, "add", n) for n in "abcd"] + [(5, "remove", "a")], 100.0)
+    spot = SpotTimeline(trace, spot_devices=8, time_scale=2.0, sp_degree=4)
+    assert spot.live_at(0) == 8 and spot.usable_at(0) == 8
+    assert spot.live_at(9.9) == 8 and spot.live_at(10.0) == 6  # 5 s × time scale 2
+    assert spot.usable_at(10.0) == 4
+    assert spot.events(0, 20)["groups_hit"] == 1  # 2 devices of one machine-local group of 4
+
+
+def test_time_to_capacity_by_hand() -> None:
+    trace = trace_of([(0, "add", "a"), (0, "add", "b"), (10, "remove", "b")], 40.0)
+    spot = SpotTimeline(trace, spot_devices=2, time_scale=1.0, sp_degree=1)
+    # Rate 1 + 2 = 3 until t = 10 (30 done), then 1 + 1 = 2: 10 more take 5 s.
+    assert spot.time_to_capacity(0.0, 40.0, od_rate=1.0, spot_rate=1.0) == pytest.approx(15.0)
+    # Spot alone, from t = 20: 1 device until 40, then 2 (replay) — 30 of work ends at 25 + 20 = 45.
+    assert spot.time_to_capacity(20.0, 30.0, od_rate=0.0, spot_rate=1.0) == pytest.approx(45.0)
+    assert spot.time_to_capacity(0.0, 1e4, od_rate=0.0, spot_rate=1.0) == pytest.approx(40.0 * 1e4 / 50.0)
+
+
+def test_an_empty_spot_pool_never_finishes_spot_work() -> None:
+    spot = SpotTimeline(STEADY, spot_devices=0, time_scale=1.0, sp_degree=1)
+    assert spot.time_to_capacity(0.0, 1.0, od_rate=0.0, spot_rate=1.0) == math.inf
+
+
+# --- phase times and costs by hand ----------------------------------------------------------------
+
+
+def test_vanilla_time_and_cost_to_target_by_hand() -> None:
+    result = simulate(small("vanilla", iterations=5), trace=STEADY)
+    rollout = 16 * 10 * STEP_S / 4  # 16 samples of 10 steps on 4 devices, 4 whole rounds
+    train = 16 * TRAIN_SAMPLE_S / 4 + 2 * 3 / 4 * 40e9 / 40e9  # + ring all-reduce of 40 GB
+    assert result.iterations_to_target == 5
+    assert result.time_to_target_s == pytest.approx(5 * (rollout + train), rel=1e-9)
+    assert result.dollars_to_target == pytest.approx(4 * ON_DEMAND * result.time_to_target_s / 3600, rel=1e-9)
+    assert result.usage["spot"].rented_device_s == 0.0  # vanilla rents no spot device
+    assert result.usage["on_demand"].utilisation == pytest.approx(1.0)
+
+
+def test_spot_devices_share_the_rollout_and_idle_through_training() -> None:
+    result = simulate(small("spot-rollout", spot=4, iterations=3), trace=STEADY)
+    first = result.timeline[0]
+    assert first.rollout_s == pytest.approx(16 * 10 * STEP_S / 8, rel=1e-9)  # 8 devices, 2 whole rounds
+    assert first.broadcast_s == pytest.approx(1.0)  # 40 GB over 40 GB/s
+    assert first.end_s == pytest.approx(first.rollout_s + first.train_s + 1.0, rel=1e-12)
+    spot = result.usage["spot"]
+    assert spot.rented_device_s == pytest.approx(4 * result.simulated_s, rel=1e-9)
+    assert spot.device_seconds["idle"] == pytest.approx(4 * 3 * first.train_s, rel=1e-9)
+    assert spot.dollars == pytest.approx(4 * SPOT * result.simulated_s / 3600, rel=1e-9)
+    for pool in ("on_demand", "spot"):
+        assert sum(result.usage[pool].shares().values()) == pytest.approx(1.0)
+
+
+def test_a_rollout_is_padded_to_whole_rounds_of_the_groups() -> None:
+    # 16 requests on 4 + 2 = 6 groups take 3 rounds: 18 requests' worth of time.
+    result = simulate(small("spot-rollout", spot=2, iterations=1), trace=STEADY)
+    assert result.timeline[0].rollout_s == pytest.approx(18 * 10 * STEP_S / 6, rel=1e-9)
+
+
+# --- preemptions --------------------------------------------------------------------------------
+
+PREEMPTED_AT_5S = trace_of([(0, "add", "a"), (0, "add", "b"), (5, "remove", "b")], 1e6)
+
+
+@pytest.mark.parametrize(("notice_s", "lost_s"), [(120.0, STEP_S), (0.0, 0.5 * 10 * STEP_S)])
+def test_a_notice_saves_all_but_one_step_of_the_preempted_request(notice_s: float, lost_s: float) -> None:
+    config = small("spot-rollout", spot=2, iterations=1, notice_s=notice_s)
+    result = simulate(config, trace=PREEMPTED_AT_5S)
+    spot = result.usage["spot"]
+    assert spot.device_seconds["lost"] == pytest.approx(lost_s, rel=1e-9)
+    assert spot.device_seconds["reconfiguring"] == pytest.approx(0.5)  # one group re-forms elastically
+    # 6 devices for 5 s, then 5 devices carry the 180 padded sample-steps plus the overheads.
+    expected = 5 + (180 * STEP_S + lost_s + 0.5 - 6 * 5) / 5
+    assert result.timeline[0].rollout_s == pytest.approx(expected, rel=1e-9)
+
+
+def test_cold_recovery_stalls_the_whole_pool_for_the_restart() -> None:
+    config = small("spot-rollout", spot=2, iterations=1, recovery="cold", cold_restart_s=120.0)
+    result = simulate(config, trace=PREEMPTED_AT_5S)
+    assert result.usage["on_demand"].device_seconds["reconfiguring"] == pytest.approx(4 * 120.0)
+    assert result.usage["spot"].device_seconds["reconfiguring"] == pytest.approx(1 * 120.0)
+    expected = 5 + (180 * STEP_S + STEP_S + 5 * 120.0 - 6 * 5) / 5
+    assert result.timeline[0].rollout_s == pytest.approx(expected, rel=1e-9)
+
+
+def test_cold_restarts_longer_than_the_gaps_between_preemptions_never_reach_the_target() -> None:
+    churn = poisson_trace(8, mean_lifetime_s=10.0, mean_restart_s=10.0, duration_s=3600.0, seed=0)
+    result = simulate(small("spot-rollout", spot=8, recovery="cold", cold_restart_s=600.0), trace=churn)
+    assert not result.reached and result.time_to_target_s == math.inf
+
+
+# --- exploration and the runtime planner ----------------------------------------------------------------
+
+
+def test_the_planner_gets_the_predicted_training_time_and_the_live_spot_devices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[tuple[float, int, int]] = []
+    original = ExplorationPlanner.choose
+
+    def recording(self: ExplorationPlanner, budget_s: float, num_devices: int, num_prompts: int) -> Decision:
+        calls.append((budget_s, num_devices, num_prompts))
+        return original(self, budget_s, num_devices, num_prompts)
+
+    monkeypatch.setattr(ExplorationPlanner, "choose", recording)
+    spotlight = simulate(small("spotlight", spot=2, iterations=3), trace=STEADY)
+    assert calls == [(spotlight.timeline[0].train_s, 2, 4)] * len(spotlight.timeline)
+    calls.clear()
+    simulate(small("sync-explore", spot=2, iterations=3), trace=STEADY)
+    assert {devices for _, devices, _ in calls} == {4 + 2}  # on every device, on the critical path
+
+
+def test_spotlight_exploration_hides_inside_training() -> None:
+    result = simulate(small("spotlight", spot=4, iterations=8), trace=STEADY)
+    assert all(0 < r.explore_s <= r.train_s for r in result.timeline)
+    assert result.timeline[0].plan is None  # nothing was explored before the first rollout
+    assert all(r.plan is not None and r.explored_prompts == 4 for r in result.timeline[1:])
+    assert all(r.sync_explore_s == 0.0 for r in result.timeline)
+    assert result.usage["spot"].device_seconds["explore"] > 0
+
+
+def test_exploration_completes_only_what_fits_before_the_spot_pool_vanishes() -> None:
+    vanishing = trace_of([(0, "add", "a"), (0, "add", "b"), (22, "remove", "a"), (22, "remove", "b")], 1e6)
+    result = simulate(small("spotlight", spot=2, iterations=50), trace=vanishing)
+    first, second = result.timeline[0], result.timeline[1]
+    rollout_end = 18 * 10 * STEP_S / 6  # 18.2 s, before the preemption; 3 rounds of 6 groups
+    assert first.end_s - first.broadcast_s - first.train_s == pytest.approx(rollout_end, rel=1e-9)
+    # The first plan calibrates on the cheapest arm, (4, 2): 4·2·4 = 32 sample-steps; the two spot
+    # devices work until 22 s and lose one step each (notice) plus 0.5 s re-forming each group.
+    done = (2 * (22 - rollout_end) - 2 * STEP_S - 2 * 0.5) / STEP_S
+    assert second.explored_prompts == math.floor(4 * done / 32)
+    assert 0 < second.explored_prompts < 4
+    assert all(r.plan is None for r in result.timeline[2:])  # no spot device is left
+
+
+def test_exploration_pays_for_itself_in_iterations() -> None:
+    vanilla = simulate(small("vanilla", iterations=20), trace=STEADY)
+    spot_rollout = simulate(small("spot-rollout", spot=4, iterations=20), trace=STEADY)
+    spotlight = simulate(small("spotlight", spot=4, iterations=20), trace=STEADY)
+    assert vanilla.iterations_to_target == spot_rollout.iterations_to_target == 20
+    assert spotlight.iterations_to_target is not None and spotlight.iterations_to_target < 20
+    assert spot_rollout.time_to_target_s < vanilla.time_to_target_s  # more rollout devices
+    assert spotlight.time_to_target_s < spot_rollout.time_to_target_s
+
+
+def test_running_past_the_target_when_asked() -> None:
+    config = small("vanilla", iterations=2).model_copy(
+        update={"loop": small("vanilla").loop.model_copy(update={"max_iterations": 5, "stop_at_target": False})}
+    )
+    result = simulate(config, trace=STEADY)
+    assert result.iterations_run == 5 and result.iterations_to_target == 2
+
+
+# --- configuration errors ----------------------------------------------------------------------------
+
+
+def test_plans_smaller_than_the_group_are_refused_at_load() -> None:
+    with pytest.raises(ConfigError, match=r"planner.num_candidates must all be >= loop.group_size \(8 < 16\)"):
+        parse_config(SimConfig, {"planner": {"num_candidates": [8, 16]}})
+
+
+def test_unknown_instance_and_missing_price_name_the_field() -> None:
+    with pytest.raises(ConfigError, match=r"cluster.spot_instance: unknown instance 'p9'; known: "):
+        simulate(small("spotlight", spot_instance="p9"), trace=STEADY)
+    with pytest.raises(ConfigError, match=r"cluster.on_demand_instance: .*no on_demand price"):
+        simulate(small("vanilla", on_demand_instance="p5.4xlarge"), trace=STEADY)
+
+
+def test_an_sp_group_larger_than_the_on_demand_pool_is_refused() -> None:
+    config = small("vanilla", on_demand=2)
+    config = config.model_copy(update={"workload": config.workload.model_copy(update={"sp_degree": 4})})
+    with pytest.raises(ConfigError, match=r"on_demand_devices \(2\) is below workload.sp_degree \(4\)"):
+        simulate(config, trace=STEADY)
+
+
+# --- which cluster to rent ---------------------------------------------------------------------------
+
+
+def test_price_sources_pair_machines_of_one_provider() -> None:
+    sources = price_sources(load_prices())
+    assert ("p5.48xlarge", "p5.4xlarge") in sources
+    assert ("p5.48xlarge", "a3-highgpu-8g") not in sources
+    assert all(od != "p5.4xlarge" for od, _ in sources)  # it has no on-demand price
+
+
+def test_cheapest_mix_is_the_cheapest_row_that_meets_the_deadline() -> None:
+    base = small("spotlight", iterations=3)
+    sources = [("p5.48xlarge", "p5.48xlarge"), ("a3-highgpu-8g", "a3-highgpu-8g")]
+    sweep = cheapest_mix(1e6, base, (4, 8), (0, 4), sources, trace=STEADY)
+    assert len(sweep.rows) == 8 and all(row.meets_deadline for row in sweep.rows)
+    assert sweep.best == min(sweep.rows, key=lambda row: row.dollars_to_target)
+    assert sweep.best.on_demand_instance == "p5.48xlarge"  # the cheaper provider at every size
+    fastest = min(row.time_to_target_s for row in sweep.rows)
+    tight = cheapest_mix(fastest * 1.0001, base, (4, 8), (0, 4), sources, trace=STEADY)
+    assert tight.best is not None and tight.best.time_to_target_s == fastest
+    assert cheapest_mix(fastest / 2, base, (4, 8), (0, 4), sources, trace=STEADY).best is None
+
+
+# --- speed --------------------------------------------------------------------------------------------
+
+
+def test_a_1024_gpu_cluster_runs_100_iterations_of_a_12_hour_trace_in_seconds() -> None:
+    trace = poisson_trace(64, mean_lifetime_s=3 * 3600.0, mean_restart_s=1800.0, duration_s=12 * 3600.0, seed=0)
+    config = parse_config(SimConfig, {
+        "cluster": {"on_demand_devices": 512, "spot_devices": 512},
+        "workload": {"sp_degree": 4},
+        "loop": {"prompts_per_iteration": 256, "max_iterations": 100, "stop_at_target": False},
+    })
+    started = time.perf_counter()
+    result = simulate(config, trace=trace)
+    elapsed = time.perf_counter() - started
+    assert result.iterations_run == 100
+    assert elapsed < 15.0  # the target is 5 s (benchmarks/simulate_paper_scale.py measures it); CI is slower
