@@ -1,0 +1,301 @@
+"""A denoising worker: pulls requests, denoises them one step at a time, commits on a preemption notice.
+
+`worker_loop` is the whole behaviour, a plain function over a `QueueClient`, so it runs in-process
+against a `RequestQueue` in unit tests; `DenoiseWorker` is the Ray actor that hosts it on a spot
+node with the weights it was handed through Ray's object store (never a file).
+
+Each pass of the loop tops the worker up to ``capacity`` requests, advances every in-flight request
+by exactly one denoising step (grouped by plan and step, since those share a sampler call), hands
+finished ones back with ``complete`` and heartbeats. Because it never takes more than one step
+between looks at its preemption flag, a notice costs at most one step: the worker finishes the step
+it is in, commits each in-flight request's (latent, step) and leaves the loop.
+
+Bit-identical results wherever a request runs. The sampler makes step k's noise a function of
+(seed, k); what is left is the model call, and CPU and GPU matrix kernels pick their reduction
+order by shape, so a row's output can change with the number of rows beside it (measured here: a
+TinyDiT row differs between batches of 1, 2-3 and ≥ 4). The worker therefore calls the model on
+batches of exactly ``forward_batch`` rows, padding the last chunk with copies of its first row: a
+request's result is then independent of which requests, and how many, share its worker, and equals
+that of any run that uses the same ``forward_batch``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import ray
+import torch
+
+from spotlight.diffusion.noise import initial_latents
+from spotlight.diffusion.sampler import SamplingPlan, VelocityFn, sample
+from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
+from spotlight.policy import prompt_tokens
+from spotlight.runtime.queue import Lease, QueueClient, RemoteQueue
+
+__all__ = [
+    "DenoiseWorker",
+    "WorkerReport",
+    "WorkerSettings",
+    "fixed_batch_velocity_fn",
+    "model_from_weights",
+    "model_weights",
+    "worker_loop",
+]
+
+
+class WorkerConfigError(ValueError):
+    """A worker setting out of range; the message names the field and the fix."""
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """How a worker pulls, batches and reports.
+
+    ``capacity``: most requests in flight (what the device can carry). ``forward_batch``: rows per
+    model call, fixed so that results do not depend on batch companions (module docstring).
+    ``heartbeat_s``: most time between heartbeats; keep it well under the queue's lease timeout.
+    ``idle_wait_s``: pause between pulls that found nothing. ``checkpoint_every``: also commit
+    progress every that many steps while keeping the lease, so a worker lost without notice costs at
+    most that many steps (None: commit only on a notice). ``min_step_s``: lower bound on one pass's
+    wall time, which lets a CPU emulate a slower accelerator so that preemptions land mid-sample in
+    tests and local demos (0: as fast as the CPU goes).
+    """
+
+    capacity: int = 16
+    forward_batch: int = 8
+    heartbeat_s: float = 1.0
+    idle_wait_s: float = 0.1
+    checkpoint_every: int | None = None
+    min_step_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.capacity < 1:
+            raise WorkerConfigError(f"worker.capacity must be ≥ 1 request (got {self.capacity})")
+        if self.forward_batch < 1:
+            raise WorkerConfigError(f"worker.forward_batch must be ≥ 1 row (got {self.forward_batch})")
+        for name in ("heartbeat_s", "idle_wait_s"):
+            if not getattr(self, name) > 0:
+                raise WorkerConfigError(f"worker.{name} must be > 0 seconds (got {getattr(self, name)})")
+        if self.min_step_s < 0:
+            raise WorkerConfigError(f"worker.min_step_s must be ≥ 0 seconds (got {self.min_step_s})")
+        if self.checkpoint_every is not None and self.checkpoint_every < 1:
+            raise WorkerConfigError(
+                f"worker.checkpoint_every must be ≥ 1 step or None (got {self.checkpoint_every})"
+            )
+
+
+@dataclass
+class WorkerReport:
+    """What one worker did before it left its loop.
+
+    ``stopped_by``: "drained" (the queue had nothing left) or "preempted" (a notice). ``steps``:
+    request-steps denoised. ``completed`` / ``duplicates``: completions the queue kept / ignored.
+    ``committed``: requests handed back on the notice; ``checkpoints``: progress commits that kept
+    the lease; ``lost_leases``: in-flight requests dropped because their lease had lapsed.
+    ``pull_round_trip_s``: wall time of each pull as the worker saw it (RPC included).
+    """
+
+    worker_id: str
+    stopped_by: Literal["drained", "preempted"] = "drained"
+    steps: int = 0
+    completed: int = 0
+    duplicates: int = 0
+    committed: int = 0
+    checkpoints: int = 0
+    lost_leases: int = 0
+    pull_round_trip_s: list[float] = field(default_factory=list)
+
+    @property
+    def mean_pull_round_trip_s(self) -> float:
+        """Mean pull round trip in seconds (0 when the worker never pulled)."""
+        trips = self.pull_round_trip_s
+        return sum(trips) / len(trips) if trips else 0.0
+
+
+@dataclass
+class _InFlight:
+    """One leased request on this worker: its latent at schedule index ``step``."""
+
+    lease: Lease
+    tokens: torch.Tensor
+    latent: torch.Tensor
+    step: int
+    steps_since_commit: int = 0
+
+
+def fixed_batch_velocity_fn(model: torch.nn.Module, tokens: torch.Tensor, forward_batch: int) -> VelocityFn:
+    """Bind prompts like ``policy.velocity_fn``, but call the model on exactly ``forward_batch`` rows.
+
+    Returns ``v(x, sigma)`` for any number of rows: they are split into chunks of ``forward_batch``
+    and the last chunk is padded with copies of its first row (dropped from the output), so every
+    model call has the same shape and each row's result is independent of its companions.
+    """
+
+    def velocity(x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        outputs = []
+        for start in range(0, x.shape[0], forward_batch):
+            chunk = slice(start, start + forward_batch)
+            x_chunk, sigma_chunk, tokens_chunk = x[chunk], sigma[chunk], tokens[chunk]
+            rows = x_chunk.shape[0]
+            if rows < forward_batch:
+                pad = forward_batch - rows
+                x_chunk = torch.cat([x_chunk, x_chunk[:1].expand(pad, *x_chunk.shape[1:])])
+                sigma_chunk = torch.cat([sigma_chunk, sigma_chunk[:1].expand(pad)])
+                tokens_chunk = torch.cat([tokens_chunk, tokens_chunk[:1].expand(pad, *tokens_chunk.shape[1:])])
+            outputs.append(model(x_chunk, sigma_chunk, tokens_chunk)[:rows])
+        return torch.cat(outputs)
+
+    return velocity
+
+
+def model_weights(model: torch.nn.Module) -> dict[str, np.ndarray]:
+    """The model's state dict as CPU numpy arrays: what to ``ray.put`` so workers share one copy."""
+    return {name: tensor.detach().cpu().numpy() for name, tensor in model.state_dict().items()}
+
+
+def model_from_weights(config: TinyDiTConfig | dict[str, Any], weights: dict[str, np.ndarray]) -> TinyDiT:
+    """Rebuild a TinyDiT in eval mode from its config and `model_weights` arrays.
+
+    The arrays from Ray's object store are read-only views of shared memory; they are copied into
+    the model's own parameters.
+    """
+    config = config if isinstance(config, TinyDiTConfig) else TinyDiTConfig(**config)
+    model = TinyDiT(config)
+    model.load_state_dict({name: torch.tensor(array) for name, array in weights.items()})
+    return model.eval()
+
+
+def _advance(
+    model: TinyDiT, batch: Sequence[_InFlight], plan: SamplingPlan, step: int, forward_batch: int
+) -> None:
+    """Take one denoising step (``step`` -> ``step + 1``) for requests that share ``plan`` and ``step``."""
+    latents = torch.stack([item.latent for item in batch])
+    tokens = torch.stack([item.tokens for item in batch])
+    seeds = [item.lease.request.seed for item in batch]
+    trajectory = sample(
+        fixed_batch_velocity_fn(model, tokens, forward_batch), seeds, plan, model.config.latent_shape,
+        start_latents=latents, start_step=step, stop_step=step + 1, record=False,
+    )
+    for item, latent in zip(batch, trajectory.final, strict=True):
+        item.latent, item.step = latent.clone(), step + 1
+        item.steps_since_commit += 1
+
+
+def worker_loop(
+    queue: QueueClient,
+    worker_id: str,
+    model: TinyDiT,
+    settings: WorkerSettings,
+    preempted: threading.Event,
+) -> WorkerReport:
+    """Serve the queue until it is drained or ``preempted`` is set; returns what the worker did.
+
+    On ``preempted`` the worker finishes the step it is in, commits every in-flight request's
+    (latent, step) — releasing its lease so another worker resumes it there — and returns.
+    """
+    report = WorkerReport(worker_id)
+    in_flight: dict[str, _InFlight] = {}
+    last_heartbeat = time.perf_counter()
+    next_pull = 0.0  # when an empty pull may be retried
+    while not preempted.is_set():
+        started = time.perf_counter()
+        free = settings.capacity - len(in_flight)
+        if free > 0 and (not in_flight or started >= next_pull):
+            leases = queue.pull(worker_id, free)
+            report.pull_round_trip_s.append(time.perf_counter() - started)
+            for lease in leases:  # a re-leased request replaces a stale copy of itself
+                in_flight[lease.request.request_id] = _start(model, lease)
+            next_pull = 0.0 if leases else time.perf_counter() + settings.idle_wait_s
+            _complete_finished(queue, worker_id, in_flight, report)  # a zero-step plan is done at once
+        if not in_flight:
+            if queue.remaining() == 0:
+                return report
+            preempted.wait(settings.idle_wait_s)
+            continue
+        groups: dict[tuple[SamplingPlan, int], list[_InFlight]] = {}
+        for item in in_flight.values():
+            groups.setdefault((item.lease.request.plan, item.step), []).append(item)
+        for (plan, step), batch in groups.items():
+            _advance(model, batch, plan, step, settings.forward_batch)
+            report.steps += len(batch)
+            if preempted.is_set():  # finish this step only; the other groups commit where they are
+                break
+        _complete_finished(queue, worker_id, in_flight, report)
+        if settings.checkpoint_every is not None and not preempted.is_set():
+            for request_id, item in in_flight.items():
+                if item.steps_since_commit >= settings.checkpoint_every:
+                    report.checkpoints += queue.commit(worker_id, request_id, item.latent, item.step, True)
+                    item.steps_since_commit = 0
+        if time.perf_counter() - last_heartbeat >= settings.heartbeat_s:
+            held = set(queue.heartbeat(worker_id))
+            last_heartbeat = time.perf_counter()
+            for request_id in [rid for rid in in_flight if rid not in held]:
+                del in_flight[request_id]
+                report.lost_leases += 1
+        preempted.wait(max(0.0, settings.min_step_s - (time.perf_counter() - started)))
+    for request_id, item in in_flight.items():
+        report.committed += queue.commit(worker_id, request_id, item.latent, item.step)
+    report.stopped_by = "preempted"
+    return report
+
+
+def _start(model: TinyDiT, lease: Lease) -> _InFlight:
+    """In-flight state for a new lease: the committed latent, or the seed's initial noise."""
+    request = lease.request
+    latent = lease.latent
+    if latent is None:
+        latent = initial_latents([request.seed], model.config.latent_shape)[0]
+    return _InFlight(lease, prompt_tokens(model, [request.prompt])[0], latent, lease.step)
+
+
+def _complete_finished(
+    queue: QueueClient, worker_id: str, in_flight: dict[str, _InFlight], report: WorkerReport
+) -> None:
+    """Hand every request that reached its last step back to the queue and forget it."""
+    for request_id in [rid for rid, item in in_flight.items() if item.step == item.lease.request.plan.num_steps]:
+        kept = queue.complete(worker_id, request_id, in_flight.pop(request_id).latent)
+        report.completed += kept
+        report.duplicates += not kept
+
+
+@ray.remote(max_concurrency=2)
+class DenoiseWorker:
+    """A Ray actor that runs `worker_loop` on one device (here: one CPU thread).
+
+    ``weights`` are `model_weights` arrays, passed as an ``ObjectRef`` from ``ray.put`` so that every
+    worker on a node maps the same object-store copy. Two concurrent calls: ``run`` (the loop) and
+    ``notify_preemption`` (sets the flag the loop checks between steps).
+    """
+
+    def __init__(
+        self,
+        worker_id: str,
+        queue: Any,
+        model_config: TinyDiTConfig | dict[str, Any],
+        weights: dict[str, np.ndarray],
+        settings: WorkerSettings | None = None,
+        num_threads: int = 1,
+    ) -> None:
+        torch.set_num_threads(num_threads)  # Ray's OMP_NUM_THREADS and a reused process's count are not ours
+        self.worker_id = worker_id
+        self.settings = settings or WorkerSettings()
+        self.model = model_from_weights(model_config, weights)
+        self.queue = RemoteQueue(queue)
+        self.preempted = threading.Event()
+
+    def ready(self) -> str:
+        """Returns the worker id once the model is loaded (actor construction is asynchronous)."""
+        return self.worker_id
+
+    def run(self) -> WorkerReport:
+        """Serve the queue until drained or preempted; returns the `WorkerReport`."""
+        return worker_loop(self.queue, self.worker_id, self.model, self.settings, self.preempted)
+
+    def notify_preemption(self) -> None:
+        """Ask the loop to finish its current step, commit its in-flight requests and return."""
+        self.preempted.set()

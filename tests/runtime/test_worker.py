@@ -1,0 +1,236 @@
+"""The denoising worker: in-process loops against a real `RequestQueue`, then the Ray actor.
+
+Golden results come from ``sample`` over all steps at once with ``policy.velocity_fn`` on batches of
+exactly ``forward_batch`` requests: a path that shares neither the queue, the worker loop, the
+step-by-step resumption nor the padding helper with the code under test.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+
+from spotlight.diffusion.sampler import SamplingPlan, sample
+from spotlight.models.tinydit import TinyDiT
+from spotlight.policy import prompt_tokens, velocity_fn
+from spotlight.rl.checkpoint import load_model
+from spotlight.runtime.queue import Request, RequestQueue, start_queue_actor
+from spotlight.runtime.worker import (
+    DenoiseWorker,
+    WorkerConfigError,
+    WorkerSettings,
+    fixed_batch_velocity_fn,
+    model_from_weights,
+    model_weights,
+    worker_loop,
+)
+
+FORWARD_BATCH = 4
+PLANS = (SamplingPlan(num_steps=4), SamplingPlan(num_steps=3, shift=3.0, sampler="ode"))
+PROMPTS = ("a red circle", "two blue squares", "a green triangle left of a red circle", "a blue circle")
+
+
+class Crash(RuntimeError):
+    """A worker process dying mid-step (no notice, nothing committed after it)."""
+
+
+class CallHook(torch.nn.Module):
+    """The real model, with ``on_call(n)`` run before its n-th call (1-based) to inject a notice or a crash."""
+
+    def __init__(self, model: TinyDiT, on_call: Callable[[int], None]) -> None:
+        super().__init__()
+        self.model, self.config, self.on_call, self.calls = model, model.config, on_call, 0
+
+    def forward(self, x: torch.Tensor, sigma: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        self.on_call(self.calls)
+        return self.model(x, sigma, tokens)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_base_model: Path) -> TinyDiT:
+    torch.set_num_threads(1)
+    return load_model(tiny_base_model).eval()
+
+
+def make_requests(count: int) -> list[Request]:
+    return [
+        Request(f"r{index}", PROMPTS[index % len(PROMPTS)], 500 + index, PLANS[index % len(PLANS)])
+        for index in range(count)
+    ]
+
+
+def reference(model: TinyDiT, requests: list[Request]) -> dict[str, torch.Tensor]:
+    results = {}
+    for plan in PLANS:
+        group = [request for request in requests if request.plan == plan]
+        for start in range(0, len(group), FORWARD_BATCH):
+            chunk = group[start : start + FORWARD_BATCH]
+            padded = chunk + [chunk[0]] * (FORWARD_BATCH - len(chunk))
+            tokens = prompt_tokens(model, [request.prompt for request in padded])
+            final = sample(
+                velocity_fn(model, tokens), [r.seed for r in padded], plan, model.config.latent_shape, record=False
+            ).final
+            results.update({request.request_id: final[index] for index, request in enumerate(chunk)})
+    return results
+
+
+def assert_bit_identical(results: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert sorted(results) == sorted(expected)
+    assert all(torch.equal(results[rid], expected[rid]) for rid in expected)
+
+
+def settings(**overrides: object) -> WorkerSettings:
+    values = {"capacity": 6, "forward_batch": FORWARD_BATCH, "heartbeat_s": 60.0, "idle_wait_s": 0.01}
+    return WorkerSettings(**(values | overrides))
+
+
+def test_fixed_batch_velocity_gives_each_row_the_output_of_a_full_model_call(model: TinyDiT) -> None:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(FORWARD_BATCH, *model.config.latent_shape, generator=generator)
+    sigma = torch.rand(FORWARD_BATCH, generator=generator)
+    tokens = prompt_tokens(model, list(PROMPTS))
+    full = model(x, sigma, tokens)  # one plain call on a full batch
+    for rows in ([2], [0, 3], [1, 2, 3], [0, 1, 2, 3]):
+        out = fixed_batch_velocity_fn(model, tokens[rows], FORWARD_BATCH)(x[rows], sigma[rows])
+        assert torch.equal(out, full[rows])  # rows keep their result whatever their companions
+    many = torch.cat([x, x[:2]]), torch.cat([sigma, sigma[:2]]), torch.cat([tokens, tokens[:2]])
+    out = fixed_batch_velocity_fn(model, many[2], FORWARD_BATCH)(many[0], many[1])
+    assert out.shape[0] == FORWARD_BATCH + 2 and torch.equal(out[FORWARD_BATCH:], full[:2])
+
+
+def test_a_worker_drains_the_queue_with_results_equal_to_an_uninterrupted_sample(model: TinyDiT) -> None:
+    requests = make_requests(9)
+    queue = RequestQueue()
+    queue.submit(requests)
+    report = worker_loop(queue, "a", model, settings(), threading.Event())
+    assert report.stopped_by == "drained"
+    assert report.completed == 9 and report.steps == sum(request.plan.num_steps for request in requests)
+    assert_bit_identical(queue.results(), reference(model, requests))
+
+
+def test_a_notice_mid_step_finishes_that_step_commits_and_another_worker_resumes_bit_identically(
+    model: TinyDiT,
+) -> None:
+    requests = make_requests(4)
+    queue = RequestQueue()
+    queue.submit(requests)
+    preempted = threading.Event()
+    # Two groups per pass (one per plan); the notice comes during the 3rd model call: pass 2, group 1.
+    hooked = CallHook(model, lambda call: preempted.set() if call == 3 else None)
+    report = worker_loop(queue, "a", hooked, settings(), preempted)
+    assert report.stopped_by == "preempted" and report.committed == 4 and report.completed == 0
+    leases = queue.pull("b", 10)
+    steps = {lease.request.plan: lease.step for lease in leases}
+    assert steps == {PLANS[0]: 2, PLANS[1]: 1}  # the step in progress was finished, the next not begun
+    for lease in leases:
+        queue.commit("b", lease.request.request_id, lease.latent, lease.step)  # hand back for the loop
+    assert worker_loop(queue, "b", model, settings(), threading.Event()).completed == 4
+    assert_bit_identical(queue.results(), reference(model, requests))
+
+
+def test_a_crashed_worker_is_resumed_from_its_last_checkpoint_after_its_leases_expire(model: TinyDiT) -> None:
+    requests = [request for request in make_requests(3) if request.plan == PLANS[0]]  # one group per pass
+    clock = [0.0]
+    queue = RequestQueue(lease_timeout_s=5.0, clock=lambda: clock[0])
+    queue.submit(requests)
+
+    def crash_on_third(call: int) -> None:
+        if call == 3:
+            raise Crash("killed without notice")
+
+    with pytest.raises(Crash):
+        worker_loop(queue, "a", CallHook(model, crash_on_third), settings(checkpoint_every=2), threading.Event())
+    clock[0] += 5.0
+    leases = queue.pull("b", 10)
+    assert [lease.step for lease in leases] == [2, 2]  # step 3 was lost with the crash, steps 1-2 were not
+    for lease in leases:
+        queue.commit("b", lease.request.request_id, lease.latent, lease.step)
+    report = worker_loop(queue, "b", model, settings(), threading.Event())
+    assert report.steps == 2 * 2
+    assert_bit_identical(queue.results(), reference(model, requests))
+
+
+def test_a_worker_drops_requests_whose_lease_lapsed_and_never_completes_them(model: TinyDiT) -> None:
+    requests = make_requests(2)
+    clock = [0.0]
+    queue = RequestQueue(lease_timeout_s=5.0, clock=lambda: clock[0])
+    queue.submit(requests)
+    stolen: list[str] = []
+
+    def stall(call: int) -> None:  # worker "a" stalls past its lease; "b" takes its requests and finishes
+        if call == 1:
+            clock[0] += 5.0
+            stolen.extend(lease.request.request_id for lease in queue.pull("b", 10))
+            for request_id in stolen:
+                queue.complete("b", request_id, torch.zeros(model.config.latent_shape))
+
+    report = worker_loop(queue, "a", CallHook(model, stall), settings(heartbeat_s=1e-6), threading.Event())
+    assert stolen == ["r0", "r1"]
+    assert report.lost_leases == 2 and report.completed == report.duplicates == 0
+    assert report.stopped_by == "drained"
+    assert all(torch.equal(result, torch.zeros(model.config.latent_shape)) for result in queue.results().values())
+
+
+def test_settings_refuse_values_that_cannot_work() -> None:
+    with pytest.raises(WorkerConfigError, match="worker.capacity"):
+        WorkerSettings(capacity=0)
+    with pytest.raises(WorkerConfigError, match="worker.heartbeat_s"):
+        WorkerSettings(heartbeat_s=0)
+    with pytest.raises(WorkerConfigError, match="worker.checkpoint_every"):
+        WorkerSettings(checkpoint_every=0)
+
+
+def test_weights_round_trip_through_numpy_to_an_identical_model(model: TinyDiT) -> None:
+    rebuilt = model_from_weights(model.config.to_dict(), model_weights(model))
+    original = model.state_dict()
+    assert rebuilt.state_dict().keys() == original.keys()
+    assert all(torch.equal(tensor, original[name]) for name, tensor in rebuilt.state_dict().items())
+
+
+# -- the Ray actor --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ray_node() -> Iterator[None]:
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(
+        address="local", num_cpus=2, resources={"on_demand": 1, "spot": 2},
+        include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+    )
+    yield
+    ray.shutdown()
+
+
+def test_denoise_worker_actor_commits_on_notice_and_its_replacement_finishes_bit_identically(
+    ray_node: None, model: TinyDiT
+) -> None:
+    requests = make_requests(6)
+    handle = start_queue_actor(lease_timeout_s=30.0)
+    weights = ray.put(model_weights(model))
+    paced = settings(min_step_s=0.5)  # a slow "device", so the notice lands mid-sample
+    first = DenoiseWorker.options(resources={"spot": 1}).remote("a", handle, model.config, weights, paced)
+    ray.get(first.ready.remote())
+    ray.get(handle.submit.remote(requests))
+    run = first.run.remote()
+    while not ray.get(handle.leases_by_worker.remote()):
+        time.sleep(0.01)
+    first.notify_preemption.remote()
+    report = ray.get(run, timeout=30)
+    ray.kill(first)
+    assert report.stopped_by == "preempted" and report.committed == 6 and report.completed == 0
+    assert ray.get(handle.stats.remote()).commits == 6
+
+    second = DenoiseWorker.options(resources={"spot": 1}).remote("b", handle, model.config, weights, settings())
+    report = ray.get(second.run.remote(), timeout=60)
+    assert report.completed == 6 and report.steps < sum(request.plan.num_steps for request in requests)
+    assert_bit_identical(ray.get(handle.results.remote()), reference(model, requests))
+    ray.kill(second)
+    ray.kill(handle)
