@@ -1,0 +1,296 @@
+"""Preemption sources: trace replay on a hand-driven clock; the cloud pollers against real local HTTP
+servers that play each metadata service (first no notice, then a notice) and, like the real ones,
+refuse requests without the service's header or token."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+from email.utils import format_datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from spotlight.runtime.preemption import (
+    AwsSpotPoller,
+    AzureScheduledEventsPoller,
+    GcpPreemptionPoller,
+    NodeReturn,
+    Notice,
+    TraceReplay,
+)
+from spotlight.sim.traces import Availability, NodeEvent, poisson_trace
+
+NOW = 1_750_000_000.0  # the pollers' wall clock in these tests (epoch seconds)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 50.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# -- trace replay ---------------------------------------------------------------------------------
+
+
+def test_trace_replay_gives_notices_grace_before_removals_and_returns_at_adds() -> None:
+    trace = Availability(
+        (
+            NodeEvent(0.0, "add", "node0"), NodeEvent(0.0, "add", "node1"), NodeEvent(10.0, "remove", "node0"),
+            NodeEvent(20.0, "add", "node0"), NodeEvent(30.0, "remove", "node1"),
+        ),
+        duration_s=40.0,
+    )
+    clock = Clock()
+    replay = TraceReplay(trace, time_scale=0.125, grace_s=0.5, clock=clock)  # binary-exact times
+    assert replay.poll() == [] and replay.returns() == [NodeReturn("node0", "trace"), NodeReturn("node1", "trace")]
+    clock.now += 0.5
+    assert replay.poll() == []
+    clock.now += 0.25  # node0 goes at 1.25 s: its notice comes at 0.75 s
+    assert replay.poll() == [Notice("node0", 0.5, "trace")]
+    assert replay.poll() == []  # each notice once
+    clock.now += 1.75
+    assert replay.returns() == [NodeReturn("node0", "trace")]
+    assert not replay.finished
+    clock.now += 0.875
+    assert replay.poll() == [Notice("node1", 0.375, "trace")]
+    assert replay.finished
+
+
+def test_trace_replay_never_warns_a_node_before_it_joined() -> None:
+    trace = Availability((NodeEvent(1.0, "add", "node3"), NodeEvent(1.2, "remove", "node3")), duration_s=2.0)
+    clock = Clock()
+    replay = TraceReplay(trace, grace_s=0.5, clock=clock)
+    clock.now += 0.875
+    assert replay.poll() == []
+    clock.now += 0.125
+    assert replay.poll() == [Notice("node3", pytest.approx(0.2), "trace")]
+
+
+def test_trace_replay_reports_every_preemption_of_a_trace_exactly_once() -> None:
+    trace = poisson_trace(num_nodes=4, mean_lifetime_s=30.0, mean_restart_s=10.0, duration_s=600.0, seed=3)
+    clock = Clock()
+    replay = TraceReplay(trace, time_scale=1 / 60, grace_s=0.2, clock=clock)
+    notices = []
+    for _ in range(120):  # 12 replay seconds in 0.1 s ticks: the 10-minute trace and then some
+        clock.now += 0.1
+        notices += replay.poll()
+    removals = [event for event in trace.events if event.kind == "remove"]
+    assert len(notices) == trace.preemption_count == len(removals) > 10
+    assert sorted(n.node_id for n in notices) == sorted(e.node for e in removals)
+    assert all(0.0 <= notice.deadline_s <= 0.2 for notice in notices)
+
+
+# -- fake metadata services -----------------------------------------------------------------------
+
+
+class FakeMetadata:
+    """A metadata service on 127.0.0.1 (random port) driven by ``respond(handler) -> (status, body)``."""
+
+    def __init__(self, respond: Callable[[BaseHTTPRequestHandler], tuple[int, str]]) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self._answer()
+
+            def do_PUT(self) -> None:
+                self._answer()
+
+            def _answer(self) -> None:
+                status, body = respond(self)
+                data = body.encode()
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except BrokenPipeError:  # the client timed out and left, as a poller should
+                    pass
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def raw_get(url: str, headers: dict[str, str] | None = None) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=2) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+class AwsImds:
+    """IMDSv2: PUT a token (TTL header required), then GET with the token or get 401."""
+
+    def __init__(self) -> None:
+        self.action: dict | None = None
+        self.tokens: set[str] = set()
+        self.issued = 0
+
+    def respond(self, request: BaseHTTPRequestHandler) -> tuple[int, str]:
+        if request.command == "PUT" and request.path == AwsSpotPoller.TOKEN_PATH:
+            if "X-aws-ec2-metadata-token-ttl-seconds" not in request.headers:
+                return 400, "missing TTL header"
+            self.issued += 1
+            token = f"token-{self.issued}"
+            self.tokens.add(token)
+            return 200, token
+        if request.headers.get("X-aws-ec2-metadata-token") not in self.tokens:
+            return 401, "unauthorized"
+        if request.path == AwsSpotPoller.ACTION_PATH and self.action is not None:
+            return 200, json.dumps(self.action)
+        return 404, "not found"
+
+
+class GcpMetadata:
+    def __init__(self) -> None:
+        self.preempted = "FALSE"
+
+    def respond(self, request: BaseHTTPRequestHandler) -> tuple[int, str]:
+        if request.headers.get("Metadata-Flavor") != "Google":
+            return 403, "Missing Metadata-Flavor:Google header."
+        if request.path == GcpPreemptionPoller.PATH:
+            return 200, self.preempted
+        return 404, "not found"
+
+
+class AzureScheduledEvents:
+    def __init__(self) -> None:
+        self.events: list[dict] = []
+
+    def respond(self, request: BaseHTTPRequestHandler) -> tuple[int, str]:
+        if request.headers.get("Metadata") != "true":
+            return 400, json.dumps({"error": "Bad request. Required metadata header not specified"})
+        if request.path != AzureScheduledEventsPoller.PATH:
+            return 400, json.dumps({"error": "Bad request. api-version was not specified"})
+        return 200, json.dumps({"DocumentIncarnation": len(self.events), "Events": self.events})
+
+
+@pytest.fixture
+def aws() -> Iterator[tuple[AwsImds, FakeMetadata]]:
+    service = AwsImds()
+    server = FakeMetadata(service.respond)
+    yield service, server
+    server.close()
+
+
+@pytest.fixture
+def gcp() -> Iterator[tuple[GcpMetadata, FakeMetadata]]:
+    service = GcpMetadata()
+    server = FakeMetadata(service.respond)
+    yield service, server
+    server.close()
+
+
+@pytest.fixture
+def azure() -> Iterator[tuple[AzureScheduledEvents, FakeMetadata]]:
+    service = AzureScheduledEvents()
+    server = FakeMetadata(service.respond)
+    yield service, server
+    server.close()
+
+
+def iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_aws_poller_reports_an_instance_action_once_with_its_deadline(aws: tuple[AwsImds, FakeMetadata]) -> None:
+    service, server = aws
+    assert raw_get(server.url + AwsSpotPoller.ACTION_PATH) == 401  # the fake, like IMDSv2, wants a token
+    poller = AwsSpotPoller(server.url, node_id="spot-1", wall_clock=lambda: NOW)
+    assert poller.poll() == []
+    service.action = {"action": "terminate", "time": iso(NOW + 120)}
+    assert poller.poll() == [Notice("spot-1", 120.0, "aws")]
+    assert poller.poll() == []
+    assert service.issued == 1 and poller.errors == 0  # one token serves every poll
+
+
+def test_aws_poller_renews_an_expired_token(aws: tuple[AwsImds, FakeMetadata]) -> None:
+    service, server = aws
+    poller = AwsSpotPoller(server.url, node_id="spot-1", wall_clock=lambda: NOW)
+    assert poller.poll() == []
+    service.tokens.clear()  # the session token expired
+    service.action = {"action": "stop", "time": iso(NOW + 90)}
+    assert poller.poll() == [Notice("spot-1", 90.0, "aws")]
+    assert service.issued == 2 and poller.errors == 0
+
+
+def test_gcp_poller_reports_each_change_to_preempted(gcp: tuple[GcpMetadata, FakeMetadata]) -> None:
+    service, server = gcp
+    assert raw_get(server.url + GcpPreemptionPoller.PATH) == 403  # the header is required
+    poller = GcpPreemptionPoller(server.url, node_id="spot-2")
+    assert poller.poll() == []
+    service.preempted = "TRUE"
+    assert poller.poll() == [Notice("spot-2", 30.0, "gcp")]
+    assert poller.poll() == []
+    service.preempted = "FALSE"
+    assert poller.poll() == []
+    service.preempted = "TRUE"
+    assert poller.poll() == [Notice("spot-2", 30.0, "gcp")]
+
+
+def test_azure_poller_reports_each_preempt_event_for_its_vm_once(
+    azure: tuple[AzureScheduledEvents, FakeMetadata],
+) -> None:
+    service, server = azure
+    assert raw_get(server.url + AzureScheduledEventsPoller.PATH) == 400  # the header is required
+    poller = AzureScheduledEventsPoller(server.url, node_id="spot-3", resource_name="vm3", wall_clock=lambda: NOW)
+    assert poller.poll() == []
+    not_before = format_datetime(datetime.fromtimestamp(NOW + 45, tz=timezone.utc), usegmt=True)
+    service.events = [
+        {"EventId": "A", "EventType": "Freeze", "Resources": ["vm3"], "NotBefore": not_before},
+        {"EventId": "B", "EventType": "Preempt", "Resources": ["vm9"], "NotBefore": not_before},
+    ]
+    assert poller.poll() == []  # a freeze is no eviction; vm9's eviction is not ours
+    service.events.append({"EventId": "C", "EventType": "Preempt", "Resources": ["vm3"], "NotBefore": not_before})
+    assert poller.poll() == [Notice("spot-3", 45.0, "azure")]
+    assert poller.poll() == []
+    service.events.append({"EventId": "D", "EventType": "Preempt", "Resources": ["vm3"], "NotBefore": ""})
+    assert poller.poll() == [Notice("spot-3", 0.0, "azure")]  # blank NotBefore: already under way
+
+
+def test_an_unreachable_service_reads_as_no_notice_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    server = FakeMetadata(lambda request: (200, "FALSE"))
+    url = server.url
+    server.close()  # nothing listens on the port any more
+    poller = GcpPreemptionPoller(url, node_id="spot-4", timeout_s=0.5)
+    with caplog.at_level(logging.WARNING, logger="spotlight.runtime.preemption"):
+        assert poller.poll() == [] and poller.poll() == []
+    assert poller.errors == 2
+    assert len(caplog.records) == 1 and "no notice" in caplog.records[0].getMessage()
+
+
+def test_a_slow_or_confused_service_reads_as_no_notice(caplog: pytest.LogCaptureFixture) -> None:
+    def slow(request: BaseHTTPRequestHandler) -> tuple[int, str]:
+        time.sleep(1.0)
+        return 200, "TRUE"
+
+    server = FakeMetadata(slow)
+    garbage = FakeMetadata(lambda request: (200, "{not json"))
+    with caplog.at_level(logging.WARNING, logger="spotlight.runtime.preemption"):
+        started = time.perf_counter()
+        assert GcpPreemptionPoller(server.url, timeout_s=0.2).poll() == []
+        assert time.perf_counter() - started < 0.9
+        assert AzureScheduledEventsPoller(garbage.url).poll() == []
+        assert AwsSpotPoller(garbage.url).poll() == []
+    server.close()
+    garbage.close()
+    messages = [record.getMessage() for record in caplog.records]
+    assert len(messages) == 3 and "timed out" in messages[0] and all("{not json" in m for m in messages[1:])
