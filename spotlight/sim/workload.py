@@ -80,15 +80,15 @@ class WorkloadConfig(Section):
     num_layers: int = Field(60, ge=1)
     hidden_size: int = Field(3072, ge=1)
     num_heads: int = Field(24, ge=1)
-    params: float = Field(20e9, gt=0)
-    trainable_params: float = Field(20e9, gt=0)
+    params: float = Field(20e9, gt=0)  # all weights: what a device holds and reads each forward
+    trainable_params: float = Field(20e9, gt=0)  # what is all-reduced and broadcast (LoRA: the adapters)
     bytes_per_param: float = Field(2.0, gt=0)
     guidance_forwards: int = Field(2, ge=1)
-    peak_flops: float = Field(989e12, gt=0)
+    peak_flops: float = Field(989e12, gt=0)  # FLOP/s, H100 SXM bf16 dense
     mfu: float = Field(0.40, gt=0, le=1)
-    hbm_bandwidth: float = Field(3.35e12, gt=0)
-    nvlink_bandwidth: float = Field(300e9, gt=0)
-    network_bandwidth: float = Field(40e9, gt=0)
+    hbm_bandwidth: float = Field(3.35e12, gt=0)  # bytes/s
+    nvlink_bandwidth: float = Field(300e9, gt=0)  # bytes/s per device, achieved all-to-all
+    network_bandwidth: float = Field(40e9, gt=0)  # bytes/s per device between machines
     sp_degree: int = Field(1, ge=1)
     batch_size: int = Field(1, ge=1)
     rollout_steps: int = Field(10, ge=1)
