@@ -183,36 +183,31 @@ class AzureScheduledEvents:
         return 200, json.dumps({"DocumentIncarnation": len(self.events), "Events": self.events})
 
 
-@pytest.fixture
-def aws() -> Iterator[tuple[AwsImds, FakeMetadata]]:
-    service = AwsImds()
-    server = FakeMetadata(service.respond)
-    yield service, server
-    server.close()
+Respond = Callable[[BaseHTTPRequestHandler], tuple[int, str]]
+Serve = Callable[[Respond], FakeMetadata]
 
 
 @pytest.fixture
-def gcp() -> Iterator[tuple[GcpMetadata, FakeMetadata]]:
-    service = GcpMetadata()
-    server = FakeMetadata(service.respond)
-    yield service, server
-    server.close()
+def serve() -> Iterator[Serve]:
+    """Start fake services for one test (``serve(service.respond)``); all are closed after it."""
+    servers: list[FakeMetadata] = []
 
+    def start(respond: Respond) -> FakeMetadata:
+        servers.append(FakeMetadata(respond))
+        return servers[-1]
 
-@pytest.fixture
-def azure() -> Iterator[tuple[AzureScheduledEvents, FakeMetadata]]:
-    service = AzureScheduledEvents()
-    server = FakeMetadata(service.respond)
-    yield service, server
-    server.close()
+    yield start
+    for server in servers:
+        server.close()
 
 
 def iso(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def test_aws_poller_reports_an_instance_action_once_with_its_deadline(aws: tuple[AwsImds, FakeMetadata]) -> None:
-    service, server = aws
+def test_aws_poller_reports_an_instance_action_once_with_its_deadline(serve: Serve) -> None:
+    service = AwsImds()
+    server = serve(service.respond)
     assert raw_get(server.url + AwsSpotPoller.ACTION_PATH) == 401  # the fake, like IMDSv2, wants a token
     poller = AwsSpotPoller(server.url, node_id="spot-1", wall_clock=lambda: NOW)
     assert poller.poll() == []
@@ -222,8 +217,9 @@ def test_aws_poller_reports_an_instance_action_once_with_its_deadline(aws: tuple
     assert service.issued == 1 and poller.errors == 0  # one token serves every poll
 
 
-def test_aws_poller_renews_an_expired_token(aws: tuple[AwsImds, FakeMetadata]) -> None:
-    service, server = aws
+def test_aws_poller_renews_an_expired_token(serve: Serve) -> None:
+    service = AwsImds()
+    server = serve(service.respond)
     poller = AwsSpotPoller(server.url, node_id="spot-1", wall_clock=lambda: NOW)
     assert poller.poll() == []
     service.tokens.clear()  # the session token expired
@@ -232,8 +228,9 @@ def test_aws_poller_renews_an_expired_token(aws: tuple[AwsImds, FakeMetadata]) -
     assert service.issued == 2 and poller.errors == 0
 
 
-def test_gcp_poller_reports_each_change_to_preempted(gcp: tuple[GcpMetadata, FakeMetadata]) -> None:
-    service, server = gcp
+def test_gcp_poller_reports_each_change_to_preempted(serve: Serve) -> None:
+    service = GcpMetadata()
+    server = serve(service.respond)
     assert raw_get(server.url + GcpPreemptionPoller.PATH) == 403  # the header is required
     poller = GcpPreemptionPoller(server.url, node_id="spot-2")
     assert poller.poll() == []
@@ -246,10 +243,9 @@ def test_gcp_poller_reports_each_change_to_preempted(gcp: tuple[GcpMetadata, Fak
     assert poller.poll() == [Notice("spot-2", 30.0, "gcp")]
 
 
-def test_azure_poller_reports_each_preempt_event_for_its_vm_once(
-    azure: tuple[AzureScheduledEvents, FakeMetadata],
-) -> None:
-    service, server = azure
+def test_azure_poller_reports_each_preempt_event_for_its_vm_once(serve: Serve) -> None:
+    service = AzureScheduledEvents()
+    server = serve(service.respond)
     assert raw_get(server.url + AzureScheduledEventsPoller.PATH) == 400  # the header is required
     poller = AzureScheduledEventsPoller(server.url, node_id="spot-3", resource_name="vm3", wall_clock=lambda: NOW)
     assert poller.poll() == []
@@ -277,20 +273,18 @@ def test_an_unreachable_service_reads_as_no_notice_with_one_warning(caplog: pyte
     assert len(caplog.records) == 1 and "no notice" in caplog.records[0].getMessage()
 
 
-def test_a_slow_or_confused_service_reads_as_no_notice(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_slow_or_confused_service_reads_as_no_notice(serve: Serve, caplog: pytest.LogCaptureFixture) -> None:
     def slow(request: BaseHTTPRequestHandler) -> tuple[int, str]:
         time.sleep(1.0)
         return 200, "TRUE"
 
-    server = FakeMetadata(slow)
-    garbage = FakeMetadata(lambda request: (200, "{not json"))
+    server = serve(slow)
+    garbage = serve(lambda request: (200, "{not json"))
     with caplog.at_level(logging.WARNING, logger="spotlight.runtime.preemption"):
         started = time.perf_counter()
         assert GcpPreemptionPoller(server.url, timeout_s=0.2).poll() == []
         assert time.perf_counter() - started < 0.9
         assert AzureScheduledEventsPoller(garbage.url).poll() == []
         assert AwsSpotPoller(garbage.url).poll() == []
-    server.close()
-    garbage.close()
     messages = [record.getMessage() for record in caplog.records]
     assert len(messages) == 3 and "timed out" in messages[0] and all("{not json" in m for m in messages[1:])

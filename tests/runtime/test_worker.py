@@ -67,18 +67,25 @@ def make_requests(count: int) -> list[Request]:
     ]
 
 
-def reference(model: TinyDiT, requests: list[Request]) -> dict[str, torch.Tensor]:
+def reference(
+    model: TinyDiT, requests: list[Request], forward_batch: int = FORWARD_BATCH
+) -> dict[str, torch.Tensor]:
+    """Fault-free results: one whole-trajectory ``sample`` call per ``forward_batch`` requests of a plan."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in the workers (the result does not depend on it here, but cheap to match)
     results = {}
-    for plan in PLANS:
-        group = [request for request in requests if request.plan == plan]
-        for start in range(0, len(group), FORWARD_BATCH):
-            chunk = group[start : start + FORWARD_BATCH]
-            padded = chunk + [chunk[0]] * (FORWARD_BATCH - len(chunk))
-            tokens = prompt_tokens(model, [request.prompt for request in padded])
-            final = sample(
-                velocity_fn(model, tokens), [r.seed for r in padded], plan, model.config.latent_shape, record=False
-            ).final
-            results.update({request.request_id: final[index] for index, request in enumerate(chunk)})
+    try:
+        for plan in dict.fromkeys(request.plan for request in requests):
+            group = [request for request in requests if request.plan == plan]
+            for start in range(0, len(group), forward_batch):
+                chunk = group[start : start + forward_batch]
+                padded = chunk + [chunk[0]] * (forward_batch - len(chunk))
+                tokens = prompt_tokens(model, [request.prompt for request in padded])
+                seeds = [request.seed for request in padded]
+                final = sample(velocity_fn(model, tokens), seeds, plan, model.config.latent_shape, record=False).final
+                results.update({request.request_id: final[index] for index, request in enumerate(chunk)})
+    finally:
+        torch.set_num_threads(threads)
     return results
 
 
