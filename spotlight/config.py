@@ -83,7 +83,7 @@ class TrainConfig(Section):
     seed: int = 0
     mode: Literal["vanilla", "sync-explore", "stale-explore"] = "vanilla"
     iterations: int = Field(60, ge=1)
-    base_checkpoint: str = "checkpoints/shapes-base"
+    base_checkpoint: str = "shapes-base"
     run_dir: str = "runs/train"
     num_threads: int = Field(2, ge=1)
     checkpoint_every: int = Field(10, ge=1)
@@ -112,6 +112,7 @@ class PretrainConfig(Section):
     warmup_steps: int = Field(200, ge=0)
     weight_decay: float = Field(0.0, ge=0)
     ema_decay: float = Field(0.999, ge=0, lt=1)
+    sigma_sampling: Literal["uniform", "logit_normal"] = "uniform"
     out_dir: str = "runs/pretrain"
     num_threads: int = Field(2, ge=1)
     eval_every: int = Field(1000, ge=1)

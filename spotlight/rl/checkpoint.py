@@ -41,9 +41,24 @@ def save_model(directory: Path, model: TinyDiT, metadata: dict[str, Any] | None 
     (directory / MODEL_CONFIG_FILE).write_text(json.dumps(description, indent=2))
 
 
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
+
+
+def resolve_model_dir(name_or_path: str | Path) -> Path:
+    """A model directory: an existing path, else a base model shipped in the package (``shapes-base``)."""
+    path = Path(name_or_path)
+    if path.exists() or path.is_absolute() or len(path.parts) > 1:
+        return path
+    shipped = ASSETS / path
+    return shipped if shipped.is_dir() else path
+
+
 def load_model(directory: str | Path, weights_file: str = MODEL_FILE) -> TinyDiT:
-    """Rebuild a TinyDiT from a model directory written by :func:`save_model` (or a training checkpoint)."""
-    directory = Path(directory)
+    """Rebuild a TinyDiT from a model directory written by :func:`save_model` (or a training checkpoint).
+
+    ``directory`` may also name a base model shipped with the package (e.g. ``shapes-base``).
+    """
+    directory = resolve_model_dir(directory)
     config_path, weights_path = directory / MODEL_CONFIG_FILE, directory / weights_file
     for path in (config_path, weights_path):
         if not path.is_file():
