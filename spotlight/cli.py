@@ -121,6 +121,70 @@ def eval_(
     Console().print(table)
 
 
+ALL_SIM_MODES = "vanilla,sync-explore,spot-rollout,spotlight"
+
+
+@app.command()
+def simulate(
+    config: ConfigOption = None,
+    set_: SetOption = None,
+    modes: Annotated[str, typer.Option(help="Comma-separated modes to compare.")] = ALL_SIM_MODES,
+    out: Annotated[Path | None, typer.Option(help="Write every mode's summary and timeline as JSON.")] = None,
+) -> None:
+    """Simulate the loop at cluster scale: time, dollars and utilisation to target for each mode."""
+    import json
+
+    from spotlight.sim.simulator import SimConfig
+    from spotlight.sim.simulator import simulate as run_simulation
+
+    try:
+        base = load_config(SimConfig, config, set_)
+        results = {mode: run_simulation(base.model_copy(update={"mode": mode})) for mode in modes.split(",")}
+    except (*_known_errors(), ValueError) as error:
+        _fail(error)
+    table = Table(title="spotlight simulate")
+    for column in ("mode", "iters", "hours", "dollars", "on-demand util", "spot util"):
+        table.add_column(column, justify="right")
+    for mode, result in results.items():
+        summary = result.summary()
+        table.add_row(mode, str(summary["iterations_to_target"]), f"{summary['time_to_target_h']:.2f}",
+                      f"{summary['dollars_to_target']:.0f}", f"{summary['utilisation']['on_demand']:.2f}",
+                      f"{summary['utilisation']['spot']:.2f}")
+    Console().print(table)
+    if out is not None:
+        payload = {mode: {"summary": r.summary(), "timeline": r.timeline_dicts()} for mode, r in results.items()}
+        out.write_text(json.dumps(payload, indent=2, default=float))
+        console.print(f"wrote {out}")
+
+
+@app.command()
+def plan(
+    deadline_hours: Annotated[float, typer.Argument(help="Time to target that the mix must meet.")],
+    config: ConfigOption = None,
+    set_: SetOption = None,
+) -> None:
+    """Sweep cluster mixes (on-demand x spot x price source) and print the cheapest that meets a deadline."""
+    from spotlight.sim.simulator import SimConfig, cheapest_mix
+
+    try:
+        sweep = cheapest_mix(deadline_hours * 3600.0, load_config(SimConfig, config, set_))
+    except (*_known_errors(), ValueError) as error:
+        _fail(error)
+    table = Table(title=f"cluster mixes, deadline {deadline_hours:g} h")
+    for column in ("on-demand", "spot", "instances", "hours", "dollars", "meets"):
+        table.add_column(column, justify="right")
+    for row in sorted(sweep.rows, key=lambda r: r.dollars_to_target):
+        table.add_row(str(row.on_demand_devices), str(row.spot_devices),
+                      f"{row.on_demand_instance} / {row.spot_instance}", f"{row.time_to_target_s / 3600:.2f}",
+                      f"{row.dollars_to_target:.0f}", "yes" if row.meets_deadline else "no")
+    Console().print(table)
+    if sweep.best is None:
+        _fail(RuntimeError(f"no mix meets {deadline_hours:g} h: raise the deadline or add device options"))
+    best = sweep.best
+    console.print(f"cheapest: {best.on_demand_devices} on-demand ({best.on_demand_instance}) + {best.spot_devices} "
+                  f"spot ({best.spot_instance}): {best.time_to_target_s / 3600:.2f} h, ${best.dollars_to_target:.0f}")
+
+
 def main() -> None:  # pragma: no cover - console entry for `python -m spotlight.cli`
     sys.exit(app())
 
