@@ -25,8 +25,8 @@ class ModelSection(Section):
     """TinyDiT architecture (used by ``pretrain``; ``train`` takes it from the base checkpoint)."""
 
     image_size: int = Field(32, ge=8)
-    patch_size: int = Field(4, ge=1)
-    dim: int = Field(128, ge=16)
+    patch_size: int = Field(8, ge=1)
+    dim: int = Field(192, ge=16)
     depth: int = Field(4, ge=1)
     num_heads: int = Field(4, ge=1)
     mlp_ratio: float = Field(4.0, gt=0)
@@ -113,6 +113,7 @@ class PretrainConfig(Section):
     weight_decay: float = Field(0.0, ge=0)
     ema_decay: float = Field(0.999, ge=0, lt=1)
     sigma_sampling: Literal["uniform", "logit_normal"] = "uniform"
+    layout_lattice: int | None = Field(8, ge=4)
     out_dir: str = "runs/pretrain"
     num_threads: int = Field(2, ge=1)
     eval_every: int = Field(1000, ge=1)

@@ -103,7 +103,8 @@ def pretrain(config: PretrainConfig, on_step: Callable[[int, float], None] | Non
         for group in optimizer.param_groups:
             group["lr"] = config.learning_rate * min(1.0, step / max(1, config.warmup_steps))
         prompts = sample_prompts(generator, config.batch_size)
-        images = render_batch(prompts, seed=config.seed * 1_000_000 + step, size=config.model.image_size)
+        images = render_batch(prompts, seed=config.seed * 1_000_000 + step, size=config.model.image_size,
+                              lattice=config.layout_lattice)
         sigma = sample_sigmas(len(prompts), config.sigma_sampling, generator)
         loss = flow_matching_loss(model, images, tokenize(prompts, config.model.max_text_len), sigma, generator)
         optimizer.zero_grad(set_to_none=True)

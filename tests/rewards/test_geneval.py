@@ -272,3 +272,12 @@ def test_scores_are_deterministic():
     noisy = (images + 0.1 * torch.randn(images.shape, generator=torch.Generator().manual_seed(1))).clamp(0, 1)
     first, second = GenEvalReward().score(noisy, texts), GenEvalReward().score(noisy, texts)
     assert torch.equal(first.rewards, second.rewards) and torch.equal(first.strict, second.strict)
+
+
+def test_lattice_renders_of_every_validation_prompt_are_judged_strictly_correct():
+    from spotlight.tasks.render import render_batch
+    from spotlight.tasks.shapes import train_val_split
+
+    prompts = train_val_split()[1]
+    images = (render_batch(prompts, seed=11, lattice=8) + 1) / 2
+    assert GenEvalReward().score(images, prompts).strict.all()

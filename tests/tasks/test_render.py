@@ -115,3 +115,21 @@ def test_render_batch_is_model_space_and_each_image_depends_only_on_seed_index_a
 def test_render_rejects_images_too_small_for_two_objects():
     with pytest.raises(ValueError, match="size 16"):
         render(parse_prompt("a red circle"), np.random.default_rng(0), size=16)
+
+
+def test_lattice_layout_puts_each_object_in_its_own_cell_apart_from_the_others():
+    lattice = 8
+    for index, spec in enumerate(all_prompts()[::11]):
+        image = render(spec, np.random.default_rng(index), lattice=lattice)
+        found = lit_components(image)
+        assert Counter(colour for colour, _ in found) == Counter(
+            obj.colour for obj in spec.objects for _ in range(obj.count)
+        ), spec.text
+        for _, (top, left, bottom, right) in found:
+            # side lattice - 1, starting one pixel into its cell: the box never crosses a cell edge
+            assert top % lattice == 1 and left % lattice == 1, spec.text
+            assert bottom - top + 1 <= lattice - 1 and right - left + 1 <= lattice - 1, spec.text
+        boxes = [box for _, box in found]
+        for i, (t1, l1, b1, r1) in enumerate(boxes):
+            for t2, l2, b2, r2 in boxes[i + 1 :]:
+                assert max(t2 - b1, t1 - b2, l2 - r1, l1 - r2) - 1 >= GAP, spec.text
