@@ -36,7 +36,7 @@ class ModelSection(Section):
 class RolloutSection(Section):
     """How samples are drawn for GRPO: groups of ``group_size`` SDE samples per prompt."""
 
-    prompts_per_iteration: int = Field(16, ge=1)
+    prompts_per_iteration: int = Field(8, ge=1)
     group_size: int = Field(8, ge=2)
     num_steps: int = Field(10, ge=1)
     shift: float = Field(1.0, gt=0)
@@ -50,11 +50,11 @@ class TrainSection(Section):
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, gt=0)
     clip_range: float = Field(0.2, gt=0)
-    kl_beta: float = Field(0.0, ge=0)
+    kl_beta: float = Field(0.004, ge=0)
     adv_std: Literal["group", "global"] = "group"
     adv_clip: float = Field(5.0, gt=0)
-    timestep_fraction: float = Field(1.0, gt=0, le=1)
-    num_minibatches: int = Field(1, ge=1)
+    timestep_fraction: float = Field(0.5, gt=0, le=1)
+    num_minibatches: int = Field(2, ge=1)
     ema_decay: float | None = Field(None, ge=0, lt=1)
 
 

@@ -195,7 +195,7 @@ def test_grpo_step_trains_lora_and_leaves_every_base_weight_bit_equal(family: st
         velocity_before = policy(x, sigma, cond)
 
     optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=1e-2, weight_decay=0.0)
-    config = TrainSection(learning_rate=1e-2, kl_beta=0.1)
+    config = TrainSection(learning_rate=1e-2, kl_beta=0.1, num_minibatches=1)  # one minibatch: on-policy
     metrics = grpo_update(policy, policy.reference(), optimizer, batch, config, torch.Generator().manual_seed(0))
 
     assert metrics["train/ratio"] == pytest.approx(1.0, abs=1e-5)  # the rollout's own policy: on-policy

@@ -99,7 +99,7 @@ def test_every_request_completes_exactly_once_and_bit_identical_through_preempti
     submitted, reports = 0, []
     notices = kills = 0
     for event_index, kind in enumerate(schedule):
-        deadline = time.perf_counter() + 60.0
+        deadline = time.perf_counter() + 180.0  # a fresh actor imports torch: slow on a loaded machine
         while True:  # release work, then wait for a live worker that holds leases
             stats = ray.get(queue.stats.remote())
             cap = NUM_REQUESTS - (len(schedule) - event_index) * RESERVE_PER_EVENT
