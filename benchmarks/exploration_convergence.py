@@ -33,10 +33,12 @@ def run_one(config_path: str | None, overrides: list[str]) -> list[dict]:
     return train(config).history
 
 
-def iterations_to_target(history: list[dict], target: float) -> tuple[float, float]:
-    """(iteration, wall seconds) of the first validation at or above ``target``; (inf, inf) if never."""
+def iterations_to_target(
+    history: list[dict], target: float, metric: str = "val/strict_accuracy"
+) -> tuple[float, float]:
+    """(iteration, wall seconds) of the first validation with ``metric`` >= ``target``; (inf, inf) if never."""
     for record in history:
-        if record.get("val/strict_accuracy", -1.0) >= target:
+        if record.get(metric, -1.0) >= target:
             return float(record["iteration"]), float(record["time/wall_s"])
     return float("inf"), float("inf")
 
@@ -58,7 +60,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--iterations", type=int, default=None)
-    parser.add_argument("--gain", type=float, default=0.15, help="target = base accuracy + gain")
+    parser.add_argument("--gain", type=float, default=0.15, help="target = base strict accuracy + gain")
+    parser.add_argument("--reward-gain", type=float, default=0.1,
+                        help="second target on the validation reward (partial credit): base reward + this")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="section.field=value")
     parser.add_argument("--runs-dir", default="runs/bench-exploration")
@@ -78,21 +82,26 @@ def main() -> None:
         histories = {key: future.result() for key, future in jobs.items()}
 
     base_accuracy = next(iter(histories.values()))[0]["val/strict_accuracy"]
+    base_reward = next(iter(histories.values()))[0]["val/reward"]
     target = base_accuracy + args.gain
+    reward_target = base_reward + args.reward_gain
     summary: dict[str, dict] = {}
     for mode in args.modes:
         runs = [histories[(mode, seed)] for seed in args.seeds]
         reached = [iterations_to_target(h, target) for h in runs]
+        reached_reward = [iterations_to_target(h, reward_target, "val/reward") for h in runs]
         group_std = [statistics.fmean(r["rollout/group_reward_std"] for r in h if "rollout/group_reward_std" in r)
                      for h in runs]
         final_acc = [h[-1]["val/strict_accuracy"] for h in runs]
         entry = {
             "iterations_to_target": spread([r[0] for r in reached]),
             "wall_s_to_target": spread([r[1] for r in reached]),
+            "iterations_to_reward_target": spread([r[0] for r in reached_reward]),
+            "wall_s_to_reward_target": spread([r[1] for r in reached_reward]),
             "group_reward_std": spread(group_std),
             "final_val_accuracy": spread(final_acc),
-            "curves": [[(r["iteration"], r["val/strict_accuracy"]) for r in h if "val/strict_accuracy" in r]
-                       for h in runs],
+            "curves": [[(r["iteration"], r["val/strict_accuracy"], r["val/reward"]) for r in h
+                        if "val/strict_accuracy" in r] for h in runs],
         }
         taus = [r["staleness/kendall_tau"] for h in runs for r in h
                 if np.isfinite(r.get("staleness/kendall_tau", float("nan")))]
@@ -101,7 +110,8 @@ def main() -> None:
                                     "count": len(taus)}
         summary[mode] = entry
 
-    print(f"base strict accuracy {base_accuracy:.3f}, target {target:.3f}")
+    print(f"base strict accuracy {base_accuracy:.3f}, target {target:.3f}; "
+          f"base reward {base_reward:.3f}, reward target {reward_target:.3f}")
     print(f"{'mode':<15}{'iters to target':>20}{'wall s to target':>20}{'group reward std':>20}{'final acc':>14}")
     for mode, entry in summary.items():
         it, wall = entry["iterations_to_target"], entry["wall_s_to_target"]
@@ -109,13 +119,17 @@ def main() -> None:
         print(f"{mode:<15}{it['mean']:>11.1f} ± {it['std']:<5.1f} ({it['reached']}/{it['runs']})"
               f"{wall['mean']:>12.0f} ± {wall['std']:<5.0f}{std['mean']:>13.3f} ± {std['std']:.3f}"
               f"{acc['mean']:>9.3f} ± {acc['std']:.3f}")
+        rit = entry["iterations_to_reward_target"]
+        print(f"{'':<15}iterations to reward target {rit['mean']:.1f} ± {rit['std']:.1f} "
+              f"({rit['reached']}/{rit['runs']})")
         if "kendall_tau" in entry:
             tau = entry["kendall_tau"]
             print(f"{'':<15}Kendall τ stale vs fresh: median {tau['median']:.3f}, p10 {tau['p10']:.3f} "
                   f"({tau['count']} iterations)")
     payload = {
         "benchmark": "exploration_convergence", "commit": git_commit(), "machine": machine(),
-        "args": vars(args), "base_accuracy": base_accuracy, "target": target, "modes": summary,
+        "args": vars(args), "base_accuracy": base_accuracy, "target": target,
+        "base_reward": base_reward, "reward_target": reward_target, "modes": summary,
         "wall_s": time.perf_counter() - started,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
