@@ -71,7 +71,7 @@ class ExploreSection(Section):
 class EvalSection(Section):
     """Validation: strict accuracy of ODE samples at fixed seeds on the validation prompts."""
 
-    every: int = Field(5, ge=1)
+    every: int = Field(10, ge=1)
     seeds_per_prompt: int = Field(4, ge=1)
     num_steps: int = Field(10, ge=1)
     grid_prompts: int = Field(8, ge=1)
@@ -82,7 +82,7 @@ class TrainConfig(Section):
 
     seed: int = 0
     mode: Literal["vanilla", "sync-explore", "stale-explore"] = "vanilla"
-    iterations: int = Field(60, ge=1)
+    iterations: int = Field(300, ge=1)
     base_checkpoint: str = "shapes-base"
     run_dir: str = "runs/train"
     num_threads: int = Field(2, ge=1)
