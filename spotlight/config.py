@@ -114,6 +114,7 @@ class PretrainConfig(Section):
     ema_decay: float = Field(0.999, ge=0, lt=1)
     sigma_sampling: Literal["uniform", "logit_normal"] = "uniform"
     layout_lattice: int | None = Field(8, ge=4)
+    storage_dtype: Literal["float32", "float16"] = "float16"
     out_dir: str = "runs/pretrain"
     num_threads: int = Field(2, ge=1)
     eval_every: int = Field(1000, ge=1)

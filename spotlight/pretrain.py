@@ -116,11 +116,12 @@ def pretrain(config: PretrainConfig, on_step: Callable[[int, float], None] | Non
             on_step(step, loss.item())
         if step % config.eval_every == 0 or step == config.steps:
             result = evaluate(ema, validation, reward, config.eval.seeds_per_prompt, config.eval.num_steps)
-            record = {"step": step, "loss": float(loss), "wall_s": time.perf_counter() - started, **result.metrics()}
+            record = {"step": step, "loss": loss.item(), "wall_s": time.perf_counter() - started, **result.metrics()}
             metrics_file.write(json.dumps(record) + "\n")
             metrics_file.flush()
             save_model(out_dir / f"step-{step:06d}", ema, {"pretrain_step": step, **record})
     metrics_file.close()
     final = out_dir / "final"
-    save_model(final, ema, {"pretrain_step": config.steps, "pretrain_config": config.model_dump(mode="json")})
+    save_model(final, ema, {"pretrain_step": config.steps, "pretrain_config": config.model_dump(mode="json")},
+               dtype=getattr(torch, config.storage_dtype))
     return final

@@ -28,15 +28,22 @@ class CheckpointError(FileNotFoundError):
     """A checkpoint that is missing or unreadable; the message names the path and the fix."""
 
 
-def _state_dict_for_saving(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {name: tensor.detach().contiguous().cpu() for name, tensor in model.state_dict().items()}
+def _state_dict_for_saving(model: torch.nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().to(dtype or tensor.dtype).contiguous().cpu()
+            for name, tensor in model.state_dict().items()}
 
 
-def save_model(directory: Path, model: TinyDiT, metadata: dict[str, Any] | None = None) -> None:
-    """Write a self-describing model directory: weights (safetensors) and architecture + metadata (JSON)."""
+def save_model(
+    directory: Path, model: TinyDiT, metadata: dict[str, Any] | None = None, dtype: torch.dtype | None = None
+) -> None:
+    """Write a self-describing model directory: weights (safetensors) and architecture + metadata (JSON).
+
+    ``dtype`` stores the weights in another precision (float16 halves a shipped base model); loading
+    casts them back to the model's float32 parameters.
+    """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    save_file(_state_dict_for_saving(model), str(directory / MODEL_FILE))
+    save_file(_state_dict_for_saving(model, dtype), str(directory / MODEL_FILE))
     description = {"architecture": "TinyDiT", "config": model.config.to_dict(), "metadata": metadata or {}}
     (directory / MODEL_CONFIG_FILE).write_text(json.dumps(description, indent=2))
 
