@@ -10,15 +10,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
-
-class ConfigError(ValueError):
-    """A config that cannot run; the message is one line naming the field and the fix."""
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+from spotlight.explore.planner import PlannerConfig
+from spotlight.schema import ConfigError, Section  # noqa: F401 (re-exported: ConfigError, Section)
 
 
 class ModelSection(Section):
@@ -59,13 +54,20 @@ class TrainSection(Section):
 
 
 class ExploreSection(Section):
-    """Seed exploration: N candidate seeds per prompt, S cheap steps, keep the G most varied."""
+    """Seed exploration: N candidate seeds per prompt, S cheap steps, keep the G most varied.
+
+    With ``planner`` set, the bandit planner picks (N, S) from its grid every iteration within the
+    budget of the previous iteration's training time (what exploration on spot devices hides behind);
+    otherwise the fixed plan (num_candidates, num_steps) runs.
+    """
 
     num_candidates: int = Field(32, ge=2)
     num_steps: int = Field(6, ge=1)
     sampler: Literal["sde", "ode"] = "sde"
     staleness_floor: float = Field(0.3, ge=-1, le=1)
     monitor_prompts: int = Field(4, ge=0)
+    planner: PlannerConfig | None = None
+    initial_budget_s: float = Field(5.0, gt=0)
 
 
 class EvalSection(Section):
@@ -94,6 +96,12 @@ class TrainConfig(Section):
 
     @model_validator(mode="after")
     def _explore_covers_group(self) -> TrainConfig:
+        planner = self.explore.planner
+        if self.mode != "vanilla" and planner is not None and min(planner.num_candidates) < self.rollout.group_size:
+            raise ValueError(
+                f"explore.planner.num_candidates must all be >= rollout.group_size "
+                f"({min(planner.num_candidates)} < {self.rollout.group_size})"
+            )
         if self.mode != "vanilla" and self.explore.num_candidates < self.rollout.group_size:
             raise ValueError(
                 f"explore.num_candidates must be >= rollout.group_size "

@@ -29,7 +29,7 @@ from spotlight.diffusion.noise import stream_key
 from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.evaluation import evaluate
 from spotlight.explore.candidates import score_candidates
-from spotlight.explore.planner import ExplorePlan
+from spotlight.explore.planner import ExplorationPlanner, ExplorePlan
 from spotlight.explore.selection import select_seeds
 from spotlight.explore.staleness import StalenessMonitor
 from spotlight.models.tinydit import TinyDiT
@@ -95,6 +95,7 @@ def rollout(model: TinyDiT, prompts: list[str], seeds: torch.Tensor, config: Tra
         "rollout/reward_mean": float(scored.rewards[scored.valid].mean()) if scored.valid.any() else float("nan"),
         "rollout/strict_accuracy": float(scored.strict[scored.valid].float().mean()) if scored.valid.any() else 0.0,
         "rollout/group_reward_std": float(group_std.mean()),
+        "rollout/group_reward_var": float(group_std.pow(2).mean()),
         "rollout/zero_std_groups": float((group_std < 1e-6).float().mean()),
         "rollout/invalid_samples": float((~scored.valid).sum()),
     }
@@ -114,15 +115,13 @@ class Exploration:
 
 
 def explore(
-    explorer: TinyDiT, prompts: list[str], candidates: torch.Tensor, config: TrainConfig, reward: Reward,
-    generator: torch.Generator,
+    explorer: TinyDiT, prompts: list[str], candidates: torch.Tensor, plan: ExplorePlan, config: TrainConfig,
+    reward: Reward, generator: torch.Generator,
 ) -> tuple[Exploration, torch.Tensor]:
-    """Score every candidate seed with ``explorer``'s weights and keep the G most varied per prompt.
+    """Score every candidate seed (P, N) under ``plan`` with ``explorer``'s weights; keep the G most varied.
 
     Returns the exploration and the (P, N) candidate rewards (the staleness monitor compares them).
     """
-    section = config.explore
-    plan = ExplorePlan(section.num_candidates, section.num_steps, section.sampler)
     rewards = score_candidates(explorer, prompts, candidates, plan, reward, config.rollout.shift,
                                config.rollout.noise_level)
     selection = select_seeds(rewards, candidates, config.rollout.group_size, generator)
@@ -158,6 +157,8 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.train.learning_rate,
                                            weight_decay=config.train.weight_decay)
         self.monitor = StalenessMonitor(config.explore.staleness_floor)
+        self.planner = ExplorationPlanner(config.explore.planner) if config.explore.planner is not None else None
+        self.budget_s = config.explore.initial_budget_s  # the training time exploration must fit in
         self.start_iteration = 0
         self.history: list[dict[str, Any]] = []
         if resume:
@@ -179,6 +180,9 @@ class Trainer:
             self.ema.load_state_dict(state.ema)
         self.previous.load_state_dict(state.extra["previous"])
         self.monitor.load_state_dict(state.extra["monitor"])
+        if self.planner is not None:
+            self.planner.load_state_dict(state.extra["planner"])
+        self.budget_s = state.extra.get("budget_s", self.budget_s)
         torch.set_rng_state(state.rng["torch"])
         self.start_iteration = state.iteration
         metrics_path = self.run_dir / "metrics.jsonl"
@@ -200,31 +204,52 @@ class Trainer:
                   columns=section.seeds_per_prompt)
         return result.metrics()
 
-    def choose_seeds(self, iteration: int, prompts: list[str]) -> Exploration:
-        """Seeds for iteration i's groups according to the mode."""
+    def explore_plan(self, num_prompts: int) -> tuple[ExplorePlan | None, dict[str, float]]:
+        """This iteration's exploration plan: the planner's choice within the budget, or the fixed plan."""
+        section = self.config.explore
+        if self.planner is None:
+            return ExplorePlan(section.num_candidates, section.num_steps, section.sampler), {}
+        decision = self.planner.choose(self.budget_s, num_devices=1, num_prompts=num_prompts)
+        metrics = {"planner/budget_s": self.budget_s, "planner/predicted_s": decision.predicted_time_s,
+                   "planner/feasible_arms": float(len(decision.feasible_arms))}
+        if decision.plan is not None:
+            metrics.update({"planner/num_candidates": float(decision.plan.num_candidates),
+                            "planner/num_steps": float(decision.plan.num_steps)})
+        return decision.plan, metrics
+
+    def choose_seeds(self, iteration: int, prompts: list[str]) -> tuple[Exploration, ExplorePlan | None]:
+        """Seeds for iteration i's groups according to the mode, and the exploration plan that chose them."""
         config = self.config
         group_size = config.rollout.group_size
+        random_seeds = candidate_seeds(config.seed, iteration, len(prompts), group_size)
         if config.mode == "vanilla":
-            return Exploration(seeds=candidate_seeds(config.seed, iteration, len(prompts), group_size))
-        candidates = candidate_seeds(config.seed, iteration, len(prompts), config.explore.num_candidates)
+            return Exploration(seeds=random_seeds), None
+        plan, plan_metrics = self.explore_plan(len(prompts))
+        if plan is None:  # nothing fits the budget: random seeds, as vanilla
+            return Exploration(seeds=random_seeds, metrics=plan_metrics), None
+        candidates = candidate_seeds(config.seed, iteration, len(prompts), plan.num_candidates)
         generator = iteration_generator(config.seed, iteration, 3)
         explorer = self.model if config.mode == "sync-explore" else self.previous
         started = time.perf_counter()
-        exploration, rewards = explore(explorer, prompts, candidates, config, self.reward, generator)
-        exploration.metrics["time/explore_s"] = time.perf_counter() - started
+        exploration, rewards = explore(explorer, prompts, candidates, plan, config, self.reward, generator)
+        elapsed = time.perf_counter() - started
+        if self.planner is not None:
+            self.planner.observe_cost(plan, elapsed, len(prompts) * plan.num_candidates, plan.num_steps)
+        exploration.metrics.update({"time/explore_s": elapsed, **plan_metrics})
         if config.mode == "stale-explore":
             exploration.metrics.update(self._measure_staleness(iteration, prompts, candidates, rewards,
-                                                               exploration.seeds))
-        return exploration
+                                                               exploration.seeds, plan))
+        return exploration, plan
 
     def _measure_staleness(self, iteration: int, prompts: list[str], candidates: torch.Tensor,
-                           stale_rewards: torch.Tensor, stale_seeds: torch.Tensor) -> dict[str, float]:
+                           stale_rewards: torch.Tensor, stale_seeds: torch.Tensor,
+                           plan: ExplorePlan) -> dict[str, float]:
         """Rank a sample of prompts' candidates with the fresh weights too; log Kendall τ and overlap."""
         sample = min(self.config.explore.monitor_prompts, len(prompts))
         if sample == 0:
             return {}
         generator = iteration_generator(self.config.seed, iteration, 3)
-        fresh, fresh_rewards = explore(self.model, prompts[:sample], candidates[:sample], self.config,
+        fresh, fresh_rewards = explore(self.model, prompts[:sample], candidates[:sample], plan, self.config,
                                        self.reward, generator)
         record = self.monitor.record(iteration, stale_rewards[:sample], fresh_rewards, stale_seeds[:sample],
                                      fresh.seeds)
@@ -250,7 +275,9 @@ class Trainer:
                 self._log(metrics_file, record, on_iteration)
                 if done % config.checkpoint_every == 0 or done == config.iterations:
                     save_training_checkpoint(self.run_dir, done, self.model, self.optimizer, self.ema, {
-                        "previous": self.previous.state_dict(), "monitor": self.monitor.state_dict()})
+                        "previous": self.previous.state_dict(), "monitor": self.monitor.state_dict(),
+                        "planner": None if self.planner is None else self.planner.state_dict(),
+                        "budget_s": self.budget_s})
         finally:
             metrics_file.close()
         validation = [r for r in self.history if "val/strict_accuracy" in r]
@@ -261,15 +288,18 @@ class Trainer:
         config = self.config
         timings: dict[str, float] = {}
         prompts = iteration_prompts(self.train_prompts, config.seed, iteration, config.rollout.prompts_per_iteration)
-        exploration = self.choose_seeds(iteration, prompts)
+        exploration, plan = self.choose_seeds(iteration, prompts)
         started = time.perf_counter()
         scored = rollout(self.model, prompts, exploration.seeds, config, self.reward)
         timings["time/rollout_s"] = time.perf_counter() - started
+        if self.planner is not None and plan is not None:
+            self.planner.observe_reward(plan, scored.metrics["rollout/group_reward_var"])
         self.previous.load_state_dict(self.model.state_dict())
         started = time.perf_counter()
         update = grpo_update(self.model, self.reference, self.optimizer, scored.batch, config.train,
                              iteration_generator(config.seed, iteration, 2))
         timings["time/train_s"] = time.perf_counter() - started
+        self.budget_s = timings["time/train_s"]
         if self.ema is not None:
             update_ema(self.ema, self.model, config.train.ema_decay)
         return {"iteration": iteration + 1, **scored.metrics, **exploration.metrics, **update, **timings}

@@ -127,3 +127,29 @@ def test_a_reward_that_always_raises_stops_with_one_line_and_keeps_the_run_dir(t
     message = str(error.value)
     assert "\n" not in message and "broken" in message and "detector weights not found" in message
     assert (run_dir / "config.yaml").is_file()
+
+
+def test_the_planner_picks_plans_within_the_training_budget_and_survives_resume(tiny_base_model, tmp_path):
+    config = tiny_config(tiny_base_model, tmp_path / "run", mode="stale-explore", iterations=3)
+    data = config.model_dump()
+    data["explore"]["planner"] = {"num_candidates": [3, 4, 6], "num_steps": [1, 2],
+                                  "prior_cost_per_candidate_step_s": 0.001}
+    config = TrainConfig.model_validate(data)
+    train(config.model_copy(update={"iterations": 2}))
+    history = train(config, resume=True).history
+    planned = [r for r in history[1:] if "planner/budget_s" in r]
+    assert len(planned) == 3
+    for record in planned:
+        if "planner/num_candidates" in record:
+            assert record["planner/num_candidates"] in (3, 4, 6) and record["planner/num_steps"] in (1, 2)
+            assert record["planner/predicted_s"] <= record["planner/budget_s"]
+    assert planned[1]["planner/budget_s"] == history[1]["time/train_s"]  # budget = last training time
+
+
+def test_planner_grid_smaller_than_the_group_is_refused(tiny_base_model, tmp_path):
+    from spotlight.config import ConfigError
+
+    data = tiny_config(tiny_base_model, tmp_path / "run", mode="sync-explore").model_dump()
+    data["explore"]["planner"] = {"num_candidates": [2, 8]}
+    with pytest.raises(ConfigError, match="explore.planner.num_candidates"):
+        parse_config(TrainConfig, data)

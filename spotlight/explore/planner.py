@@ -18,7 +18,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, field_validator
 
-from spotlight.config import Section
+from spotlight.schema import Section
 
 __all__ = ["Decision", "ExplorationPlanner", "ExplorePlan", "PlannerConfig", "plan_grid"]
 
