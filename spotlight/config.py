@@ -70,6 +70,12 @@ class ExploreSection(Section):
     initial_budget_s: float = Field(5.0, gt=0)
 
 
+class RewardSection(Section):
+    """The training reward: GenEval partial credit mixed with the strict 0/1 flag."""
+
+    strict_weight: float = Field(0.5, ge=0, le=1)
+
+
 class EvalSection(Section):
     """Validation: strict accuracy of ODE samples at fixed seeds on the validation prompts."""
 
@@ -92,6 +98,7 @@ class TrainConfig(Section):
     rollout: RolloutSection = RolloutSection()
     train: TrainSection = TrainSection()
     explore: ExploreSection = ExploreSection()
+    reward: RewardSection = RewardSection()
     eval: EvalSection = EvalSection()
 
     @model_validator(mode="after")

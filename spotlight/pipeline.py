@@ -148,7 +148,7 @@ class Trainer:
         torch.manual_seed(config.seed)
         torch.set_num_threads(config.num_threads)
         self.run_dir = Path(config.run_dir)
-        self.reward = reward if reward is not None else GenEvalReward()
+        self.reward = reward if reward is not None else GenEvalReward(config.reward.strict_weight)
         self.train_prompts, self.val_prompts = train_val_split()
         self.model = load_model(config.base_checkpoint)
         self.reference = load_model(config.base_checkpoint).requires_grad_(False) if config.train.kl_beta > 0 else None

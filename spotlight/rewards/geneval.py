@@ -339,9 +339,21 @@ def judge(spec: PromptSpec, detections: Sequence[Detection], image_size: int) ->
 
 
 class GenEvalReward:
-    """The compositional reward of the shapes task (implements `spotlight.rewards.base.Reward`)."""
+    """The compositional reward of the shapes task (implements `spotlight.rewards.base.Reward`).
+
+    ``strict_weight`` w mixes the strict flag into the reward: ``(1 - w) * partial + w * strict``.
+    Partial credit alone (w = 0) divides matches by max(asked, detected), so drawing one object too
+    many costs about as much as drawing one too few; measured on the shapes base model, GRPO on it
+    turned "too few objects" (188 of 320 validation samples) into "too many" (168 of 320) and raised
+    the partial reward while strict accuracy fell. Weighting the exact answer fixes the incentive.
+    """
 
     name = "geneval"
+
+    def __init__(self, strict_weight: float = 0.0) -> None:
+        if not 0.0 <= strict_weight <= 1.0:
+            raise ValueError(f"reward.strict_weight must be in [0, 1] (got {strict_weight})")
+        self.strict_weight = strict_weight
 
     def score(self, images: torch.Tensor, prompts: Sequence[str]) -> RewardOutput:
         """Rewards for images float (B, 3, H, W) in [0, 1] (values outside are clipped) and B prompts.
@@ -360,6 +372,6 @@ class GenEvalReward:
         strict = torch.zeros(len(prompts), dtype=torch.bool)
         for index, (spec, found) in enumerate(zip(specs, detect_batch(pixels), strict=True)):
             judgement = judge(spec, found, image_size=pixels.shape[2])
-            rewards[index] = judgement.reward
+            rewards[index] = (1.0 - self.strict_weight) * judgement.reward + self.strict_weight * judgement.strict
             strict[index] = judgement.strict
         return RewardOutput(rewards, strict, torch.ones(len(prompts), dtype=torch.bool))

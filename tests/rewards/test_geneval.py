@@ -281,3 +281,17 @@ def test_lattice_renders_of_every_validation_prompt_are_judged_strictly_correct(
     prompts = train_val_split()[1]
     images = (render_batch(prompts, seed=11, lattice=8) + 1) / 2
     assert GenEvalReward().score(images, prompts).strict.all()
+
+
+def test_strict_weight_mixes_the_exact_answer_into_the_reward():
+    from spotlight.tasks.render import render_batch
+
+    prompts = ["two red circles", "a blue square"]
+    images = (render_batch(["three red circles", "a blue square"], seed=3) + 1) / 2  # one wrong count
+    partial = GenEvalReward().score(images, prompts)
+    mixed = GenEvalReward(strict_weight=0.5).score(images, prompts)
+    assert partial.strict.tolist() == [False, True] == mixed.strict.tolist()
+    assert mixed.rewards[0] == pytest.approx(0.5 * partial.rewards[0])  # no strict bonus for a wrong count
+    assert mixed.rewards[1] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="strict_weight"):
+        GenEvalReward(strict_weight=1.5)
