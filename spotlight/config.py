@@ -31,7 +31,7 @@ class ModelSection(Section):
 class RolloutSection(Section):
     """How samples are drawn for GRPO: groups of ``group_size`` SDE samples per prompt."""
 
-    prompts_per_iteration: int = Field(8, ge=1)
+    prompts_per_iteration: int = Field(16, ge=1)
     group_size: int = Field(8, ge=2)
     num_steps: int = Field(10, ge=1)
     shift: float = Field(1.0, gt=0)
@@ -41,7 +41,7 @@ class RolloutSection(Section):
 class TrainSection(Section):
     """The GRPO update."""
 
-    learning_rate: float = Field(1e-4, gt=0)
+    learning_rate: float = Field(5e-5, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, gt=0)
     clip_range: float = Field(0.2, gt=0)
@@ -50,7 +50,7 @@ class TrainSection(Section):
     adv_clip: float = Field(5.0, gt=0)
     timestep_fraction: float = Field(0.5, gt=0, le=1)
     num_minibatches: int = Field(2, ge=1)
-    ema_decay: float | None = Field(None, ge=0, lt=1)
+    ema_decay: float | None = Field(0.95, ge=0, lt=1)
 
 
 class ExploreSection(Section):
@@ -90,7 +90,7 @@ class TrainConfig(Section):
 
     seed: int = 0
     mode: Literal["vanilla", "sync-explore", "stale-explore"] = "vanilla"
-    iterations: int = Field(300, ge=1)
+    iterations: int = Field(200, ge=1)
     base_checkpoint: str = "shapes-base"
     run_dir: str = "runs/train"
     num_threads: int = Field(2, ge=1)
