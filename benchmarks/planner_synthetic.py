@@ -41,12 +41,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from provenance import git_commit, machine
+from provenance import RESULTS, git_commit, machine
 
 from spotlight.explore.planner import ExplorationPlanner, ExplorePlan, PlannerConfig
 from spotlight.explore.selection import select_seeds
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 @dataclass(frozen=True)

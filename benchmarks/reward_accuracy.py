@@ -20,23 +20,18 @@ Writes benchmarks/results/reward_accuracy.json.
 from __future__ import annotations
 
 import json
-import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
-from provenance import git_commit
+from provenance import RESULTS, git_commit, machine
 
 from spotlight.rewards.geneval import GenEvalReward
 from spotlight.tasks.render import render_batch
 from spotlight.tasks.shapes import COUNT_WORDS, KINDS, ObjectSpec, PromptSpec, parse_prompt, train_val_split
 
-RESULTS = Path(__file__).resolve().parent / "results"
 NUM_IMAGES = 1000
 RENDER_SEED = 20_251_122
 NOISE_SEED = 7
@@ -184,13 +179,7 @@ def main() -> None:
     payload = {
         "benchmark": "reward_accuracy",
         "commit": git_commit(),
-        "machine": {
-            "platform": platform.platform(),
-            "python": sys.version.split()[0],
-            "torch": torch.__version__,
-            "numpy": np.__version__,
-            "torch_threads": torch.get_num_threads(),
-        },
+        "machine": {**machine(), "torch_threads": torch.get_num_threads()},
         "config": {
             "num_images": NUM_IMAGES,
             "validation_prompts": len(validation),
