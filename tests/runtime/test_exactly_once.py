@@ -17,7 +17,6 @@ by shape).
 
 from __future__ import annotations
 
-import os
 import random
 import time
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from pathlib import Path
 import pytest
 import ray
 import torch
+from local_ray_node import local_ray
 from test_worker import reference  # the fault-free path, shared with the worker's tests
 
 from spotlight.diffusion.sampler import SamplingPlan
@@ -50,13 +50,8 @@ NOTICE_GRACE_S = 20.0  # a notified worker must have committed and returned by t
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[None]:
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(
-        address="local", num_cpus=4, resources={"on_demand": 1, "spot": 1000},
-        include_dashboard=False, logging_level="ERROR", log_to_driver=False,
-    )
-    yield
-    ray.shutdown()
+    with local_ray(num_cpus=4, resources={"on_demand": 1, "spot": 1000}):
+        yield
 
 
 def make_requests(count: int) -> list[Request]:

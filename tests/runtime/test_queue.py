@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 import ray
 import torch
+from local_ray_node import local_ray
 
 from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.runtime.queue import QueueError, RemoteQueue, Request, RequestQueue, start_queue_actor
@@ -196,10 +196,8 @@ def test_protocol_violations_raise_errors_that_name_the_fix(queue: RequestQueue)
 
 @pytest.fixture(scope="module")
 def ray_node() -> Iterator[None]:
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(address="local", num_cpus=1, resources={"on_demand": 1}, include_dashboard=False, logging_level="ERROR")
-    yield
-    ray.shutdown()
+    with local_ray(num_cpus=1, resources={"on_demand": 1}):
+        yield
 
 
 def test_queue_actor_serves_workers_over_ray_with_tensors_intact(ray_node: None) -> None:

@@ -7,7 +7,6 @@ step-by-step resumption nor the padding helper with the code under test.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 import ray
 import torch
+from local_ray_node import local_ray
 
 from spotlight.diffusion.sampler import SamplingPlan, sample
 from spotlight.models.tinydit import TinyDiT
@@ -207,13 +207,8 @@ def test_weights_round_trip_through_numpy_to_an_identical_model(model: TinyDiT) 
 
 @pytest.fixture(scope="module")
 def ray_node() -> Iterator[None]:
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(
-        address="local", num_cpus=2, resources={"on_demand": 1, "spot": 2},
-        include_dashboard=False, logging_level="ERROR", log_to_driver=False,
-    )
-    yield
-    ray.shutdown()
+    with local_ray(num_cpus=2, resources={"on_demand": 1, "spot": 2}):
+        yield
 
 
 def test_denoise_worker_actor_commits_on_notice_and_its_replacement_finishes_bit_identically(

@@ -1,0 +1,25 @@
+"""Shared set-up of the runtime tests: one local Ray node per test module, started the safe way."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import ray
+
+
+@contextmanager
+def local_ray(num_cpus: int, resources: dict[str, float]) -> Iterator[None]:
+    """A local Ray node with custom resources (``on_demand``, ``spot``) for the test's actors.
+
+    ``address="local"`` never attaches to a stale cluster, the auth token is off, and the node is shut
+    down with ``ray.shutdown()`` (never ``ray stop``, which kills every Ray process on the machine).
+    """
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(address="local", num_cpus=num_cpus, resources=resources, include_dashboard=False,
+             logging_level="ERROR", log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
