@@ -185,6 +185,24 @@ def plan(
                   f"spot ({best.spot_instance}): {best.time_to_target_s / 3600:.2f} h, ${best.dollars_to_target:.0f}")
 
 
+@app.command()
+def report(
+    run_dirs: Annotated[list[Path], typer.Argument(help="Run directories to compare (each with metrics.jsonl).")],
+    out: Annotated[Path | None, typer.Option(help="HTML file; default RUN_DIR/report.html for one run, "
+                                                  "else ./report.html.")] = None,
+) -> None:
+    """Write one self-contained HTML page comparing runs: accuracy vs time and cost, utilisation, planner, τ."""
+    from spotlight.report.html import write_report
+    from spotlight.report.run_data import ReportError
+
+    try:
+        default = run_dirs[0] / "report.html" if len(run_dirs) == 1 else Path("report.html")
+        path = write_report(run_dirs, out or default)
+    except ReportError as error:
+        _fail(error)
+    console.print(f"wrote {path}")
+
+
 def main() -> None:  # pragma: no cover - console entry for `python -m spotlight.cli`
     sys.exit(app())
 
