@@ -14,12 +14,14 @@ from pydantic import Field, ValidationError, model_validator
 
 from spotlight.explore.planner import PlannerConfig
 from spotlight.schema import ConfigError, Section  # noqa: F401 (re-exported: ConfigError, Section)
+from spotlight.tasks import TaskName
 
 
 class ModelSection(Section):
     """TinyDiT architecture (used by ``pretrain``; ``train`` takes it from the base checkpoint)."""
 
     image_size: int = Field(32, ge=8)
+    image_width: int | None = Field(None, ge=8)  # None: square; the OCR task's lines are 32 x 128
     patch_size: int = Field(8, ge=1)
     dim: int = Field(192, ge=16)
     depth: int = Field(4, ge=1)
@@ -90,6 +92,7 @@ class TrainConfig(Section):
 
     seed: int = 0
     mode: Literal["vanilla", "sync-explore", "stale-explore"] = "vanilla"
+    task: TaskName = "shapes"  # prompts, split and reward; must match the base model's task
     iterations: int = Field(200, ge=1)
     base_checkpoint: str = "shapes-base"
     run_dir: str = "runs/train"
@@ -121,6 +124,8 @@ class PretrainConfig(Section):
     """Everything ``spotlight pretrain`` needs: flow matching on rendered (prompt, image) pairs."""
 
     seed: int = 0
+    task: TaskName = "shapes"  # what to render and tokenize (spotlight.tasks.registry)
+    init_checkpoint: str | None = None  # continue from this model's weights (fresh optimizer); None: from scratch
     steps: int = Field(6000, ge=1)
     batch_size: int = Field(64, ge=1)
     learning_rate: float = Field(3e-4, gt=0)

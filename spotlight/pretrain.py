@@ -19,7 +19,8 @@ from spotlight.config import PretrainConfig, dump_config
 from spotlight.evaluation import evaluate
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
 from spotlight.rewards.geneval import GenEvalReward
-from spotlight.rl.checkpoint import save_model
+from spotlight.rl.checkpoint import load_model, save_model
+from spotlight.schema import ConfigError
 from spotlight.tasks.render import render_batch
 from spotlight.tasks.shapes import KINDS, VOCAB, all_prompts, tokenize, train_val_split
 
@@ -32,6 +33,22 @@ def build_model(config: PretrainConfig) -> TinyDiT:
         num_heads=section.num_heads, mlp_ratio=section.mlp_ratio, vocab_size=len(VOCAB),
         max_text_len=section.max_text_len,
     ))
+
+
+def initial_model(config: PretrainConfig) -> TinyDiT:
+    """The model pre-training starts from: fresh, or the weights of ``init_checkpoint`` (a later stage).
+
+    A later stage restarts the optimizer (the shipped models keep no optimizer state) and must keep
+    the model's geometry: a mismatch is a config error, not a silent re-initialisation.
+    """
+    model = build_model(config)
+    if config.init_checkpoint is None:
+        return model
+    start = load_model(config.init_checkpoint)
+    if start.config != model.config:
+        raise ConfigError(f"init_checkpoint {config.init_checkpoint} has model {start.config}, but the config "
+                          f"asks for {model.config}: make the 'model' section match the checkpoint")
+    return start.float()
 
 
 def sample_prompts(generator: torch.Generator, batch_size: int) -> list[str]:
@@ -91,7 +108,7 @@ def pretrain(config: PretrainConfig, on_step: Callable[[int, float], None] | Non
     out_dir = Path(config.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     dump_config(config, out_dir / "config.yaml")
-    model = build_model(config)
+    model = initial_model(config)
     ema = copy.deepcopy(model).requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
     generator = torch.Generator().manual_seed(config.seed)

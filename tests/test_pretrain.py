@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from spotlight.config import PretrainConfig, parse_config
+from spotlight.config import ConfigError, PretrainConfig, parse_config
 from spotlight.pretrain import ema_decay_at, flow_matching_loss, pretrain, sample_prompts
 from spotlight.rl.checkpoint import load_model
 from spotlight.tasks.shapes import KINDS, parse_prompt
@@ -58,3 +58,27 @@ def test_ema_warm_up_follows_the_step_then_caps_at_the_decay():
     assert ema_decay_at(0, 0.999) == 0.1
     assert ema_decay_at(90, 0.999) == 0.91
     assert ema_decay_at(100_000, 0.999) == 0.999
+
+
+def test_a_later_stage_starts_from_the_init_checkpoint_weights(tmp_path):
+    first = pretrain(tiny(tmp_path, 2))
+    stage = tiny(tmp_path, 1).model_copy(update={"init_checkpoint": str(first), "learning_rate": 1e-12,
+                                                  "out_dir": str(tmp_path / "stage-2")})
+    second = pretrain(stage)
+    before, after = load_model(first).state_dict(), load_model(second).state_dict()
+    assert all(torch.allclose(before[k], after[k], atol=1e-6) for k in before)
+    scratch = load_model(pretrain(tiny(tmp_path, 1))).state_dict()
+    assert any(not torch.allclose(scratch[k], before[k], atol=1e-6) for k in before)  # not a fresh start
+
+
+def test_a_later_stage_with_another_geometry_is_a_config_error(tmp_path):
+    first = pretrain(tiny(tmp_path, 1))
+    stage = tiny(tmp_path, 1)
+    wider = stage.model.model_copy(update={"dim": 48})
+    stage = stage.model_copy(update={"init_checkpoint": str(first), "model": wider})
+    try:
+        pretrain(stage)
+    except ConfigError as error:
+        assert "init_checkpoint" in str(error) and "model" in str(error)
+    else:
+        raise AssertionError("a geometry mismatch must be refused")
