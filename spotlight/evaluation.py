@@ -11,7 +11,7 @@ from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.models.tinydit import TinyDiT
 from spotlight.policy import generate, to_images
 from spotlight.rewards.base import Reward, guarded_score
-from spotlight.tasks.shapes import parse_prompt
+from spotlight.tasks.registry import task_of
 
 VALIDATION_SEED_BASE = 1_000_003  # far from training seeds, which count up from the run seed
 
@@ -52,7 +52,7 @@ def evaluate(
     images = to_images(trajectory.final)
     scored = guarded_score(reward, images, expanded)
     strict = scored.strict.float()
-    kinds = [parse_prompt(prompt).kind for prompt in expanded]
+    kinds = [task_of(model).kind_of(prompt) for prompt in expanded]
     by_kind: dict[str, float] = {}
     for kind in sorted(set(kinds)):
         mask = torch.tensor([k == kind for k in kinds])

@@ -8,12 +8,12 @@ import torch
 
 from spotlight.diffusion.sampler import SamplingPlan, Trajectory, VelocityFn, sample
 from spotlight.models.tinydit import TinyDiT
-from spotlight.tasks.shapes import tokenize
+from spotlight.tasks.registry import task_of
 
 
 def prompt_tokens(model: TinyDiT, prompts: Sequence[str]) -> torch.Tensor:
-    """Token ids (B, L) of prompts for ``model``'s text encoder."""
-    return tokenize(prompts, model.config.max_text_len)
+    """Token ids (B, L) of prompts for ``model``'s text encoder (its task's tokenizer)."""
+    return task_of(model).tokenize(prompts, model.config.max_text_len)
 
 
 def velocity_fn(model: TinyDiT, tokens: torch.Tensor) -> VelocityFn:

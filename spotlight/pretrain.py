@@ -18,11 +18,10 @@ import torch.nn.functional as F
 from spotlight.config import PretrainConfig, dump_config
 from spotlight.evaluation import evaluate
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
-from spotlight.rewards.geneval import GenEvalReward
 from spotlight.rl.checkpoint import load_model, save_model
 from spotlight.schema import ConfigError
-from spotlight.tasks.render import render_batch
-from spotlight.tasks.shapes import KINDS, VOCAB, all_prompts, tokenize, train_val_split
+from spotlight.tasks.registry import get_task
+from spotlight.tasks.shapes import KINDS, all_prompts
 
 
 def build_model(config: PretrainConfig) -> TinyDiT:
@@ -30,8 +29,8 @@ def build_model(config: PretrainConfig) -> TinyDiT:
     section = config.model
     return TinyDiT(TinyDiTConfig(
         image_size=section.image_size, patch_size=section.patch_size, dim=section.dim, depth=section.depth,
-        num_heads=section.num_heads, mlp_ratio=section.mlp_ratio, vocab_size=len(VOCAB),
-        max_text_len=section.max_text_len,
+        num_heads=section.num_heads, mlp_ratio=section.mlp_ratio, vocab_size=get_task(config.task).vocab_size,
+        max_text_len=section.max_text_len, image_width=section.image_width, task=config.task,
     ))
 
 
@@ -112,18 +111,19 @@ def pretrain(config: PretrainConfig, on_step: Callable[[int, float], None] | Non
     ema = copy.deepcopy(model).requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
     generator = torch.Generator().manual_seed(config.seed)
-    _, validation = train_val_split()
-    reward = GenEvalReward()
+    task = get_task(config.task)
+    _, validation = task.split()
+    reward = task.make_reward(0.0)
     metrics_file = (out_dir / "metrics.jsonl").open("a")
     started = time.perf_counter()
     for step in range(1, config.steps + 1):
         for group in optimizer.param_groups:
             group["lr"] = config.learning_rate * min(1.0, step / max(1, config.warmup_steps))
-        prompts = sample_prompts(generator, config.batch_size)
-        images = render_batch(prompts, seed=config.seed * 1_000_000 + step, size=config.model.image_size,
-                              lattice=config.layout_lattice)
+        prompts = task.pretrain_prompts(generator, config.batch_size)
+        images = task.render_batch(prompts, config.seed * 1_000_000 + step, model.config.image_size,
+                                   model.config.width, config.layout_lattice)
         sigma = sample_sigmas(len(prompts), config.sigma_sampling, generator)
-        loss = flow_matching_loss(model, images, tokenize(prompts, config.model.max_text_len), sigma, generator)
+        loss = flow_matching_loss(model, images, task.tokenize(prompts, config.model.max_text_len), sigma, generator)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

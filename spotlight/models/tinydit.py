@@ -32,33 +32,49 @@ class TinyDiTConfig:
     mlp_ratio: float = 4.0
     vocab_size: int = 32
     max_text_len: int = 12
+    image_width: int | None = None  # None: square images of image_size; else image_size is the height
+    task: str = "shapes"  # whose tokenizer (spotlight.tasks.registry) encodes this model's prompts
 
     def __post_init__(self) -> None:
-        if self.image_size % self.patch_size:
+        if self.image_size % self.patch_size or self.width % self.patch_size:
             raise ValueError(
-                f"model.patch_size {self.patch_size} must divide model.image_size {self.image_size}"
+                f"model.patch_size {self.patch_size} must divide model.image_size {self.image_size} "
+                f"and model.image_width {self.width}"
             )
         if self.dim % self.num_heads:
             raise ValueError(f"model.num_heads {self.num_heads} must divide model.dim {self.dim}")
 
     @property
+    def width(self) -> int:
+        return self.image_size if self.image_width is None else self.image_width
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """Patches per column and per row."""
+        return (self.image_size // self.patch_size, self.width // self.patch_size)
+
+    @property
     def num_image_tokens(self) -> int:
-        return (self.image_size // self.patch_size) ** 2
+        return self.grid[0] * self.grid[1]
 
     @property
     def latent_shape(self) -> tuple[int, int, int]:
-        return (self.in_channels, self.image_size, self.image_size)
+        return (self.in_channels, self.image_size, self.width)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def sincos_2d(grid: int, dim: int) -> torch.Tensor:
-    """Fixed 2-D sine-cosine position embedding, (grid*grid, dim): half the channels per axis."""
+def sincos_2d(grid: int, dim: int, grid_width: int | None = None) -> torch.Tensor:
+    """Fixed 2-D sine-cosine position embedding, (grid*grid_width, dim): half the channels per axis.
+
+    ``grid`` rows by ``grid_width`` columns (square when None), row-major like the patch sequence.
+    """
     quarter = dim // 4
     omega = 1.0 / (10000 ** (torch.arange(quarter, dtype=torch.float64) / quarter))
-    coords = torch.arange(grid, dtype=torch.float64)
-    ys, xs = torch.meshgrid(coords, coords, indexing="ij")
+    rows = torch.arange(grid, dtype=torch.float64)
+    columns = torch.arange(grid if grid_width is None else grid_width, dtype=torch.float64)
+    ys, xs = torch.meshgrid(rows, columns, indexing="ij")
 
     def embed(pos: torch.Tensor) -> torch.Tensor:
         angles = pos.reshape(-1, 1) * omega[None]
@@ -133,7 +149,7 @@ class TinyDiT(nn.Module):
         self.attention_fn: AttentionFn = sdpa_attention
         self.patch_embed = nn.Conv2d(config.in_channels, dim, kernel_size=patch, stride=patch)
         self.register_buffer(
-            "image_pos", sincos_2d(config.image_size // patch, dim)[None], persistent=False
+            "image_pos", sincos_2d(config.grid[0], dim, config.grid[1])[None], persistent=False
         )
         self.token_embed = nn.Embedding(config.vocab_size, dim)
         self.text_pos = nn.Parameter(torch.zeros(1, config.max_text_len, dim))
@@ -182,9 +198,9 @@ class TinyDiT(nn.Module):
         cfg = self.config
         shift, scale = self.final_modulation(cond).chunk(2, dim=1)
         patches = self.final_linear(modulate(self.final_norm(image_tokens), shift, scale))
-        grid, p, c = cfg.image_size // cfg.patch_size, cfg.patch_size, cfg.in_channels
-        patches = patches.reshape(-1, grid, grid, p, p, c)
-        return patches.permute(0, 5, 1, 3, 2, 4).reshape(-1, c, grid * p, grid * p)
+        (rows, columns), p, c = cfg.grid, cfg.patch_size, cfg.in_channels
+        patches = patches.reshape(-1, rows, columns, p, p, c)
+        return patches.permute(0, 5, 1, 3, 2, 4).reshape(-1, c, rows * p, columns * p)
 
     def forward(self, x: torch.Tensor, sigma: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Predict the velocity (B, C, H, W) for latents x (B, C, H, W) at noise levels sigma (B,)."""
