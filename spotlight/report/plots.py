@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from matplotlib.axes import Axes
 from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from spotlight.report.run_data import Run
 
@@ -90,9 +91,9 @@ def _not_logged(ax: Axes) -> None:
     ax.set_yticks([])
 
 
-def _line_panel(key: str, title: str, runs: list[Run], metrics: list[tuple[str, str]], x_key: str = "iteration",
-                x_label: str = "iteration", step: bool = False) -> Panel:
-    """A panel of one axes per (metric, y label), runs overlaid, x = ``x_key``; "not logged" where nothing is."""
+def _line_panel(key: str, title: str, runs: list[Run], metrics: list[tuple[str, str]], step: bool = False,
+                integer_y: bool = False) -> Panel:
+    """A panel of one axes per (metric, y label) against iteration, runs overlaid; "not logged" where nothing is."""
     if not any(run.has(metric) for run in runs for metric, _ in metrics):
         names = ", ".join(metric for metric, _ in metrics)
         return Panel(key, title, None, f"{NOT_LOGGED}: no run logs {names}")
@@ -100,10 +101,14 @@ def _line_panel(key: str, title: str, runs: list[Run], metrics: list[tuple[str, 
     axes = figure.subplots(len(metrics), 1, squeeze=False)[:, 0]
     notes = []
     for ax, (metric, y_label) in zip(axes, metrics, strict=True):
-        drawn = _overlay(ax, runs, lambda run, metric=metric: run.series(metric, x_key), step=step)
+        drawn = _overlay(ax, runs, lambda run, metric=metric: run.series(metric), step=step)
         ax.set_ylabel(y_label)
+        if drawn:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if drawn and integer_y:
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         notes.append(_missing_note(runs, drawn, metric))
-    axes[-1].set_xlabel(x_label)
+    axes[-1].set_xlabel("iteration")
     return Panel(key, title, _png(figure), "; ".join(note for note in notes if note))
 
 
@@ -141,7 +146,8 @@ def reward_variance(runs: list[Run]) -> Panel:
 
 def planner_decisions(runs: list[Run]) -> Panel:
     return _line_panel("planner", "Planner decisions per iteration", runs,
-                       [("planner/num_candidates", "N candidates"), ("planner/num_steps", "S steps")], step=True)
+                       [("planner/num_candidates", "N candidates"), ("planner/num_steps", "S steps")], step=True,
+                       integer_y=True)
 
 
 def kendall_tau(runs: list[Run]) -> Panel:
@@ -177,9 +183,12 @@ def _draw_timeline(ax: Axes, run: Run) -> bool:
     devices = _busy_intervals(run)
     phase_colours = dict(PHASE_COLOURS)
     for row, device in enumerate(sorted(devices)):
+        by_phase: dict[str, list[tuple[float, float]]] = {}
         for start, end, phase in devices[device]:
+            by_phase.setdefault(phase, []).append((start, end - start))
+        for phase, spans in by_phase.items():  # one collection per phase: a run has thousands of busy intervals
             colour = phase_colours.setdefault(phase, f"C{(len(phase_colours) + 3) % 10}")
-            ax.broken_barh([(start, end - start)], (row - 0.35, 0.7), color=colour, label=phase)
+            ax.broken_barh(spans, (row - 0.35, 0.7), color=colour, label=phase)
     ax.set_yticks(range(len(devices)), sorted(devices), fontsize=7)
     util_axes = ax.twinx() if devices else ax
     utilisation = [(metric, label) for metric, label in (("util/spot", "spot util"),
@@ -208,7 +217,8 @@ def _draw_timeline(ax: Axes, run: Run) -> bool:
             if label not in labels:  # one legend entry per phase / event kind, not per bar
                 handles.append(handle)
                 labels.append(label)
-    ax.legend(handles, labels, fontsize=7, loc="upper right", ncol=3)
+    # below the axes: bars span the whole height, so any legend inside would hide some of them
+    ax.legend(handles, labels, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=6, frameon=False)
     ax.set_xlabel("seconds since start")
     return True
 
@@ -220,8 +230,9 @@ def utilisation_timeline(runs: list[Run]) -> Panel:
     if not loggable:
         return Panel("utilisation", title, None,
                      f"{NOT_LOGGED}: no run has events.jsonl or util/spot, util/spot_train_phase metrics")
-    figure = Figure(figsize=(9, 2.4 * len(runs) + 0.4), layout="constrained")
-    axes = figure.subplots(len(runs), 1, squeeze=False)[:, 0]
+    heights = [2.4 if run in loggable else 0.8 for run in runs]  # a "not logged" strip needs no room
+    figure = Figure(figsize=(9, sum(heights) + 0.4), layout="constrained")
+    axes = figure.subplots(len(runs), 1, squeeze=False, height_ratios=heights)[:, 0]
     drawn = set()
     for ax, run in zip(axes, runs, strict=True):
         subtitle = run.name

@@ -120,6 +120,8 @@ def load_run(run_dir: Path, name: str | None = None) -> Run:
     metrics_path = run_dir / "metrics.jsonl"
     if not run_dir.is_dir():
         raise ReportError(f"run directory {run_dir} does not exist: pass the run_dir of a `spotlight train` run")
+    if not metrics_path.is_file() and any(run_dir.glob("*/metrics.jsonl")):
+        raise ReportError(f"{run_dir} has no metrics.jsonl but holds run directories: pass {run_dir}/* instead")
     if not metrics_path.is_file():
         raise ReportError(f"{run_dir} has no metrics.jsonl: pass the run_dir of a `spotlight train` run "
                           "(the directory that holds config.yaml and metrics.jsonl)")

@@ -126,3 +126,9 @@ def test_report_cli_of_a_missing_run_dir_is_one_line_naming_it(tmp_path):
         assert result.exit_code == 2, result.output
         assert len(lines) == 1 and str(bad) in lines[0] and "spotlight train" in lines[0], result.output
     assert not (tmp_path / "r.html").exists()
+
+
+def test_report_cli_of_a_directory_of_runs_says_to_pass_the_runs(tmp_path):
+    make_run(tmp_path / "sweep", "seed0", [0.1, 0.3], spotlight=False)
+    result = runner.invoke(app, ["report", str(tmp_path / "sweep")])
+    assert result.exit_code == 2 and f"pass {tmp_path / 'sweep'}/* instead" in result.output, result.output
