@@ -4,6 +4,7 @@ and a one-line error for a run directory that is not one."""
 from __future__ import annotations
 
 import base64
+import io
 import json
 import re
 from pathlib import Path
@@ -80,7 +81,7 @@ def test_the_latest_sample_grid_of_each_run_is_embedded(tmp_path):
     page = write_report([run], tmp_path / "report.html").read_text()
     grid = re.search(r'<figure class="grid" data-run="run">.*?base64,([^"]+)"', page, re.S)
     assert grid is not None and "iter-00002.png" in page
-    pixel = Image.open(__import__("io").BytesIO(base64.b64decode(grid.group(1)))).getpixel((0, 0))
+    pixel = Image.open(io.BytesIO(base64.b64decode(grid.group(1)))).getpixel((0, 0))
     assert pixel == (0, 0, 255)  # the latest grid (blue), not the base model's (red)
 
 
