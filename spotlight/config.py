@@ -13,6 +13,7 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from spotlight.explore.planner import PlannerConfig
+from spotlight.runtime.settings import RUNTIME_MODES, RuntimeSection
 from spotlight.schema import ConfigError, Section  # noqa: F401 (re-exported: ConfigError, Section)
 from spotlight.tasks import TaskName
 
@@ -51,6 +52,7 @@ class TrainSection(Section):
     adv_std: Literal["group", "global"] = "group"
     adv_clip: float = Field(5.0, gt=0)
     timestep_fraction: float = Field(0.5, gt=0, le=1)
+    timestep_selection: Literal["random", "early"] = "random"  # which ceil(fraction * K) steps are trained
     num_minibatches: int = Field(2, ge=1)
     ema_decay: float | None = Field(0.95, ge=0, lt=1)
 
@@ -91,7 +93,7 @@ class TrainConfig(Section):
     """Everything ``spotlight train`` needs."""
 
     seed: int = 0
-    mode: Literal["vanilla", "sync-explore", "stale-explore"] = "vanilla"
+    mode: Literal["vanilla", "sync-explore", "stale-explore", "spot-rollout", "spotlight"] = "spotlight"
     task: TaskName = "shapes"  # prompts, split and reward; must match the base model's task
     iterations: int = Field(200, ge=1)
     base_checkpoint: str = "shapes-base"
@@ -103,16 +105,24 @@ class TrainConfig(Section):
     explore: ExploreSection = ExploreSection()
     reward: RewardSection = RewardSection()
     eval: EvalSection = EvalSection()
+    runtime: RuntimeSection = RuntimeSection()
 
     @model_validator(mode="after")
     def _explore_covers_group(self) -> TrainConfig:
         planner = self.explore.planner
-        if self.mode != "vanilla" and planner is not None and min(planner.num_candidates) < self.rollout.group_size:
+        explores = self.mode not in ("vanilla", "spot-rollout")
+        if explores and planner is not None and min(planner.num_candidates) < self.rollout.group_size:
             raise ValueError(
                 f"explore.planner.num_candidates must all be >= rollout.group_size "
                 f"({min(planner.num_candidates)} < {self.rollout.group_size})"
             )
-        if self.mode != "vanilla" and self.explore.num_candidates < self.rollout.group_size:
+        on_ray = self.mode in RUNTIME_MODES or self.runtime.use_ray
+        if explores and on_ray and planner is None and min(self.runtime.planner.num_candidates) < self.rollout.group_size:
+            raise ValueError(
+                f"runtime.planner.num_candidates must all be >= rollout.group_size "
+                f"({min(self.runtime.planner.num_candidates)} < {self.rollout.group_size}); or set explore.planner"
+            )
+        if explores and self.explore.num_candidates < self.rollout.group_size:
             raise ValueError(
                 f"explore.num_candidates must be >= rollout.group_size "
                 f"({self.explore.num_candidates} < {self.rollout.group_size})"

@@ -36,14 +36,20 @@ class RolloutBatch:
     noise_level: float
 
 
-def choose_train_timesteps(num_steps: int, fraction: float, generator: torch.Generator) -> list[int]:
-    """The denoising steps trained on this iteration: ``ceil(fraction * K)`` of them, drawn at random.
+def choose_train_timesteps(
+    num_steps: int, fraction: float, generator: torch.Generator, selection: str = "random"
+) -> list[int]:
+    """The denoising steps trained on this iteration: ``ceil(fraction * K)`` of them.
 
-    Training on a random subset (Flow-GRPO-Fast) cuts the update's cost proportionally; every step
-    is still trained on over the iterations.
+    ``random`` draws them afresh every iteration (Flow-GRPO-Fast): the update's cost falls in
+    proportion and every step is still trained on over the iterations. ``early`` always takes the
+    first (highest-noise) steps: where a reward judges composition (how many objects, where), the
+    decision is made there, and the noise of late steps only adds variance to the gradient. The
+    generator is drawn from either way, so both keep the same random stream for what follows.
     """
     count = max(1, math.ceil(fraction * num_steps))
-    return sorted(torch.randperm(num_steps, generator=generator)[:count].tolist())
+    drawn = sorted(torch.randperm(num_steps, generator=generator)[:count].tolist())
+    return list(range(count)) if selection == "early" else drawn
 
 
 def step_log_prob_and_mean(
@@ -77,7 +83,7 @@ def grpo_update(
     over timesteps so that the learning rate does not depend on how many steps are trained.
     """
     num_samples, num_steps = batch.log_probs.shape
-    timesteps = choose_train_timesteps(num_steps, config.timestep_fraction, generator)
+    timesteps = choose_train_timesteps(num_steps, config.timestep_fraction, generator, config.timestep_selection)
     order = torch.randperm(num_samples, generator=generator)
     minibatches = order.chunk(config.num_minibatches)
     totals = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio": 0.0, "grad_norm": 0.0}

@@ -176,3 +176,8 @@ def test_train_timesteps_vary_and_cover_every_step() -> None:
     assert len(set(draws)) > 1
     assert set().union(*draws) == set(range(10))
     assert choose_train_timesteps(6, 1.0, generator) == list(range(6))
+
+
+def test_early_train_timesteps_are_always_the_first_highest_noise_steps() -> None:
+    generator = torch.Generator().manual_seed(0)
+    assert [choose_train_timesteps(10, 0.3, generator, "early") for _ in range(5)] == [[0, 1, 2]] * 5
