@@ -1,0 +1,119 @@
+"""The node agent with real device processes and real gloo groups: form, break, re-form, resume.
+
+One agent (two devices and one warm spare) serves the module. Golden numbers come from the plain
+single-device sampler in this process (`spotlight.policy.generate`), a path that shares no code with
+the device processes, the sharding or the all-to-alls.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from spotlight.diffusion.noise import initial_latents
+from spotlight.diffusion.sampler import SamplingPlan
+from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
+from spotlight.policy import generate
+from spotlight.runtime.agent import AgentError, GroupBroken, NodeAgent
+from spotlight.runtime.queue import Request, RequestQueue
+from spotlight.runtime.reconfigure import plan_groups
+
+CONFIG = TinyDiTConfig(image_size=16, patch_size=4, dim=64, depth=2, num_heads=4)  # 16 + 12 tokens
+PLAN = SamplingPlan(num_steps=6)
+SP = {16: 2}
+
+
+def random_model(seed: int) -> TinyDiT:
+    """A TinyDiT whose blocks are not the identity (adaLN-Zero would hide attention errors)."""
+    torch.manual_seed(seed)
+    model = TinyDiT(CONFIG)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.05)
+    return model.eval()
+
+
+def single_device(model: TinyDiT, request: Request) -> torch.Tensor:
+    return generate(model, [request.prompt], [request.seed], request.plan).final[0]
+
+
+@pytest.fixture(scope="module")
+def agent() -> Iterator[NodeAgent]:
+    node_agent = NodeAgent("n0", num_devices=2, num_spares=1, collective_timeout_s=20.0)
+    try:
+        yield node_agent
+    finally:
+        node_agent.shutdown()
+
+
+def test_sp2_group_matches_one_device_and_sees_weights_replaced_in_place(agent: NodeAgent) -> None:
+    model = random_model(0)
+    agent.load_weights(CONFIG, model.state_dict())
+    diff = plan_groups({"n0": agent.alive_devices()}, SP, CONFIG.num_heads, cross_node=False)
+    agent.form_groups(diff.formed)
+    group = diff.formed[0]
+    assert (group.generation, group.members) == (0, ("n0/0", "n0/1"))
+    request = Request("r0", "a red circle", 11, PLAN)
+    latent = initial_latents([request.seed], CONFIG.latent_shape)[0]
+    for step in range(PLAN.num_steps):
+        latent = agent.run_step(group.name, request, latent, step)
+    assert (latent - single_device(model, request)).abs().max().item() <= 1e-5
+
+    other = random_model(1)
+    agent.load_weights(CONFIG, other.state_dict())  # same shapes: copied in place, no re-attach
+    latent = initial_latents([request.seed], CONFIG.latent_shape)[0]
+    for step in range(PLAN.num_steps):
+        latent = agent.run_step(group.name, request, latent, step)
+    assert (latent - single_device(other, request)).abs().max().item() <= 1e-5
+    agent.load_weights(CONFIG, model.state_dict())
+
+
+def test_killed_member_breaks_the_group_and_the_request_resumes_bit_identical(agent: NodeAgent) -> None:
+    (group,) = agent.groups()
+    request = Request("r1", "two blue squares", 5, PLAN)
+    uninterrupted = initial_latents([request.seed], CONFIG.latent_shape)[0]
+    for step in range(PLAN.num_steps):
+        uninterrupted = agent.run_step(group.name, request, uninterrupted, step)
+
+    queue = RequestQueue(lease_timeout_s=60.0)
+    queue.submit([request])
+    reports = []
+    serving = threading.Thread(target=lambda: reports.append(agent.serve(queue, group.name)))
+    serving.start()
+    deadline = time.monotonic() + 60
+    while queue.stats().checkpoints < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    agent.kill_device(1)
+    serving.join(timeout=60)
+    assert reports and reports[0].stopped_by == "broken" and reports[0].lost_devices == (1,)
+    assert reports[0].handed_back == 1 and queue.stats().pending == 1
+    assert agent.alive_devices() == [0] and agent.lost_devices() == [1]
+    with pytest.raises(GroupBroken, match="lost devices \\[1\\]"):
+        agent.run_step(group.name, request, uninterrupted, 0)
+
+    assert agent.replace_lost_devices() == {1: 2}
+    diff = plan_groups({"n0": agent.alive_devices()}, SP, CONFIG.num_heads, previous=[group], cross_node=False)
+    assert diff.dissolved == (group,) and diff.kept == ()
+    agent.dissolve([g.name for g in diff.dissolved])
+    agent.form_groups(diff.formed)
+    (reformed,) = diff.formed
+    assert reformed.generation == group.generation + 1 and reformed.members == ("n0/0", "n0/2")
+
+    report = agent.serve(queue, reformed.name)
+    assert report.stopped_by == "drained" and report.completed == 1
+    assert 0 < report.steps < PLAN.num_steps  # resumed from a committed step, not from scratch
+    assert queue.stats().resumed == 1
+    assert torch.equal(queue.results()["r1"], uninterrupted)
+
+
+def test_groups_need_live_attached_devices_on_this_node(agent: NodeAgent) -> None:
+    diff = plan_groups({"n0": [0, 9]}, SP, CONFIG.num_heads, next_generation=50)
+    with pytest.raises(AgentError, match="dead, spares or without weights"):
+        agent.form_groups(diff.formed)
+    elsewhere = plan_groups({"n1": [0, 1]}, SP, CONFIG.num_heads, next_generation=60)
+    with pytest.raises(AgentError, match="outside node n0"):
+        agent.form_groups(elsewhere.formed)
