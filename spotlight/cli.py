@@ -102,15 +102,15 @@ def eval_(
     seeds_per_prompt: int = 4,
     num_steps: int = 10,
 ) -> None:
-    """Score a checkpoint on the validation split: strict accuracy overall and per kind (ODE, fixed seeds)."""
+    """Score a checkpoint on its task's validation split: strict accuracy overall and per kind (ODE, fixed seeds)."""
     try:
         from spotlight.evaluation import evaluate
-        from spotlight.rewards.geneval import GenEvalReward
         from spotlight.rl.checkpoint import load_model
-        from spotlight.tasks.shapes import train_val_split
+        from spotlight.tasks.registry import task_of
 
         model = load_model(checkpoint)
-        result = evaluate(model, train_val_split()[1], GenEvalReward(), seeds_per_prompt, num_steps)
+        task = task_of(model)
+        result = evaluate(model, task.split()[1], task.make_reward(0.0), seeds_per_prompt, num_steps)
     except _known_errors() as error:
         _fail(error)
     table = Table(title=f"validation: {checkpoint}")
@@ -201,6 +201,31 @@ def report(
     except ReportError as error:
         _fail(error)
     console.print(f"wrote {path}")
+
+
+@app.command("serve-reward")
+def serve_reward(
+    task: Annotated[str, typer.Option(help="Whose reward to serve: shapes (GenEval-style) or ocr.")] = "ocr",
+    host: Annotated[str, typer.Option(help="Address to bind; the service has no authentication.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port (0 picks a free one).")] = 8765,
+    max_batch: Annotated[int, typer.Option(help="Most samples scored in one call of the reward.")] = 256,
+    max_wait_ms: Annotated[float, typer.Option(help="How long a request waits for others to join its batch.")] = 10,
+) -> None:
+    """Serve a task's reward over HTTP (POST /score, GET /health) for HTTPReward clients."""
+    from spotlight.rewards.server import RewardServer
+    from spotlight.tasks.registry import get_task
+
+    try:
+        server = RewardServer(get_task(task).make_reward(0.0), host, port, max_batch, max_wait_ms / 1000)
+    except (ValueError, OSError) as error:
+        _fail(RuntimeError(f"cannot serve on {host}:{port} ({error}); pick another --port or a known --task"))
+    console.print(f"serving the {task} reward at {server.url} (Ctrl-C stops)")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
 
 
 def main() -> None:  # pragma: no cover - console entry for `python -m spotlight.cli`
