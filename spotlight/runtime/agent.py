@@ -46,7 +46,7 @@ from spotlight.tasks.shapes import tokenize
 
 __all__ = ["AgentError", "GroupBroken", "NodeAgent", "NodeAgentActor", "ServeReport"]
 
-START_TIMEOUT_S = 120.0
+START_TIMEOUT_S = 600.0  # generous: a nice-19 spawn on a busy 2-core machine took > 120 s
 
 
 class AgentError(RuntimeError):
@@ -181,6 +181,17 @@ class NodeAgent:
         """Indices of device processes that died and were not replaced yet."""
         return sorted(i for i, d in self._devices.items() if not d.spare and not d.alive)
 
+    def wait_for_loss(self, timeout_s: float) -> list[int]:
+        """Block until a device process in service dies (or ``timeout_s`` passes); returns the lost indices.
+
+        Watches the processes' sentinels, so a crash is seen within milliseconds rather than at the
+        next collective (which would first compute up to the all-to-all, then wait for gloo to notice).
+        """
+        in_service = {d.process.sentinel: i for i, d in self._devices.items() if not d.spare and not d.lost}
+        for sentinel in wait(list(in_service), timeout=timeout_s):
+            self._devices[in_service[sentinel]].mark_lost()
+        return self.lost_devices()
+
     def spares(self) -> list[int]:
         """Indices of live warm spares."""
         return sorted(i for i, d in self._devices.items() if d.spare and d.alive)
@@ -311,14 +322,17 @@ class NodeAgent:
         replies = self._command(members, "step", args, group=group_name)
         return replies[members[0]][0]
 
-    def serve(self, queue: QueueClient | Any, group_name: str, idle_wait_s: float = 0.05) -> ServeReport:
+    def serve(
+        self, queue: QueueClient | Any, group_name: str, min_step_s: float = 0.0, idle_wait_s: float = 0.05
+    ) -> ServeReport:
         """Serve requests from ``queue`` with one group until drained, preempted, stopped or broken.
 
         One request at a time per group, one step at a time; after each step the (latent, step)
         is committed with the lease kept, so a node lost without notice costs at most one step once
         its lease expires. On a notice (`notify_preemption`) or `stop_group` the step in progress
         finishes and the request goes back to the front of the queue; on `GroupBroken` it goes back
-        from its last step. ``queue`` is a `QueueClient` or a queue actor handle.
+        from its last step. ``queue`` is a `QueueClient` or a queue actor handle. ``min_step_s``: lower
+        bound on a step's wall time, so a CPU can emulate a slower accelerator in local runs.
         """
         if isinstance(queue, ray.actor.ActorHandle):
             queue = RemoteQueue(queue)
@@ -337,6 +351,7 @@ class NodeAgent:
             request, step = leases[0].request, leases[0].step
             latent = leases[0].latent if leases[0].latent is not None else initial_latents([request.seed], shape)[0]
             while step < request.plan.num_steps:
+                step_started = time.perf_counter()
                 try:
                     latent, step = self.run_step(group_name, request, latent, step), step + 1
                 except GroupBroken as broken:
@@ -344,6 +359,7 @@ class NodeAgent:
                     report.stopped_by, report.lost_devices = "broken", tuple(broken.lost)
                     return report
                 report.steps += 1
+                stop.wait(max(0.0, min_step_s - (time.perf_counter() - step_started)))
                 if step < request.plan.num_steps:
                     if stop.is_set():
                         report.handed_back += queue.commit(worker_id, request.request_id, latent, step)
