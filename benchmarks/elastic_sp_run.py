@@ -49,7 +49,7 @@ def random_model() -> TinyDiT:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=96)
+    parser.add_argument("--requests", type=int, default=144)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--nodes", type=int, default=3, help="logical spot nodes the trace is clipped to")
     parser.add_argument("--window-s", type=float, default=6000.0, help="trace seconds replayed")
