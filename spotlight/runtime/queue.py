@@ -90,6 +90,7 @@ class QueueStats:
     ``stale_commits``: commits from a worker that no longer held the lease (rejected).
     ``duplicate_completions``: completions of a request already done (ignored, never stored).
     ``late_completions``: first completions that came from a worker whose lease had lapsed (kept).
+    ``cancelled``: requests dropped by `RequestQueue.cancel` before they were done.
     ``mean_pull_s`` / ``max_pull_s``: service time of ``pull`` inside the queue (wall clock); a
     worker's round trip adds the RPC on top.
     """
@@ -107,6 +108,7 @@ class QueueStats:
     duplicate_completions: int
     late_completions: int
     expirations: int
+    cancelled: int
     mean_pull_s: float
     max_pull_s: float
 
@@ -150,7 +152,7 @@ class RequestQueue:
         self._pull_seconds: list[float] = []
         self._counts = dict.fromkeys(
             ("leases_granted", "resumed", "commits", "checkpoints", "stale_commits", "duplicate_completions",
-             "late_completions", "expirations"),
+             "late_completions", "expirations", "cancelled"),
             0,
         )
 
@@ -174,6 +176,40 @@ class RequestQueue:
     def remaining(self) -> int:
         """How many submitted requests are not done yet (pending or leased)."""
         return sum(1 for entry in self._entries.values() if entry.status != "done")
+
+    def take_results(self, request_ids: Sequence[str]) -> dict[str, torch.Tensor]:
+        """Hand over the results of the done requests among ``request_ids`` and free their memory.
+
+        A long run submits thousands of requests; keeping every latent would grow the queue actor
+        without bound. The entries stay (done, without a result), so a late duplicate completion
+        is still recognised and ignored rather than mistaken for an unknown request.
+        """
+        taken = {}
+        for request_id in request_ids:
+            entry = self._entry(request_id)
+            if entry.result is not None:
+                taken[request_id], entry.result = entry.result, None
+        return taken
+
+    def cancel(self, request_ids: Sequence[str]) -> int:
+        """Drop the requests among ``request_ids`` that are not done yet; returns how many.
+
+        For work that is no longer wanted (exploration that could not finish before its iteration
+        needed it). A cancelled request counts as done without a result: a worker still holding it
+        has its commit rejected as stale and its completion ignored as a duplicate, so nothing of
+        it is ever stored and exactly-once holds for every request that was not cancelled.
+        """
+        cancelled = 0
+        for request_id in request_ids:
+            entry = self._entry(request_id)
+            if entry.status == "done":
+                continue
+            if entry.status == "leased":
+                self._leases[entry.worker_id].discard(request_id)
+            entry.status, entry.worker_id, entry.latent = "done", None, None
+            cancelled += 1
+        self._counts["cancelled"] += cancelled
+        return cancelled
 
     def leases_by_worker(self) -> dict[str, int]:
         """How many leases each worker holds now (workers with none are left out)."""
