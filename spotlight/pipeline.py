@@ -37,7 +37,6 @@ from spotlight.policy import generate, prompt_tokens, to_images
 from spotlight.pretrain import update_ema
 from spotlight.report.grid import save_grid
 from spotlight.rewards.base import Reward, guarded_score
-from spotlight.rewards.geneval import GenEvalReward
 from spotlight.rl.advantages import group_advantages
 from spotlight.rl.checkpoint import (
     latest_checkpoint,
@@ -46,7 +45,7 @@ from spotlight.rl.checkpoint import (
     save_training_checkpoint,
 )
 from spotlight.rl.grpo import RolloutBatch, grpo_update
-from spotlight.tasks.shapes import train_val_split
+from spotlight.tasks.registry import get_task, task_of
 
 
 class RunError(RuntimeError):
@@ -148,9 +147,14 @@ class Trainer:
         torch.manual_seed(config.seed)
         torch.set_num_threads(config.num_threads)
         self.run_dir = Path(config.run_dir)
-        self.reward = reward if reward is not None else GenEvalReward(config.reward.strict_weight)
-        self.train_prompts, self.val_prompts = train_val_split()
+        task = get_task(config.task)
+        self.reward = reward if reward is not None else task.make_reward(config.reward.strict_weight)
+        self.train_prompts, self.val_prompts = task.split()
         self.model = load_model(config.base_checkpoint)
+        if task_of(self.model) is not task:
+            raise RunError(f"base_checkpoint {config.base_checkpoint} is a {task_of(self.model).name!r} model, "
+                           f"but task is {config.task!r}: set task to {task_of(self.model).name!r} or pick "
+                           f"a {config.task!r} model")
         self.reference = load_model(config.base_checkpoint).requires_grad_(False) if config.train.kl_beta > 0 else None
         self.ema = copy.deepcopy(self.model).requires_grad_(False) if config.train.ema_decay else None
         self.previous = copy.deepcopy(self.model).requires_grad_(False)  # θ_{i-1} for stale exploration
