@@ -73,27 +73,63 @@ def train(
     config: ConfigOption = None,
     set_: SetOption = None,
     resume: ResumeOption = False,
+    address: Annotated[str | None, typer.Option(
+        help="Attach to a running Ray cluster ('auto'); default: a local cluster of logical nodes.")] = None,
 ) -> None:
-    """Post-train the base model with Flow-GRPO (modes: vanilla, sync-explore, stale-explore)."""
-    try:
-        cfg = load_config(TrainConfig, config, set_)
-        from spotlight.pipeline import Trainer
+    """Post-train the base model with Flow-GRPO (modes: spotlight, spot-rollout, vanilla, sync-explore, stale-explore).
 
-        trainer = Trainer(cfg, resume=resume)
+    With no arguments: mode spotlight on a local Ray cluster (one on-demand device, one spot device, a
+    real spot trace replayed 60x faster), stopping after runtime.max_wall_s, then an HTML report.
+    """
+    try:
+        cfg = load_config(TrainConfig, config, [*(set_ or []), *([f"runtime.address={address}"] if address else [])])
+        from spotlight.pipeline import train as run_train
+
         with _progress() as progress:
-            task = progress.add_task(f"train ({cfg.mode})", total=cfg.iterations, completed=trainer.start_iteration,
-                                     status="")
+            task = progress.add_task(f"train ({cfg.mode})", total=cfg.iterations, status="starting")
 
             def show(iteration: int, record: dict[str, Any]) -> None:
                 status = f"reward {record.get('rollout/reward_mean', float('nan')):.3f}"
+                if "cost/usd" in record:
+                    status += f"  ${record['cost/usd']:.4f}  spot util (train) {record['util/spot_train_phase']:.2f}"
                 if "val/strict_accuracy" in record:
                     status += f"  val acc {record['val/strict_accuracy']:.3f}"
                 progress.update(task, completed=iteration, status=status)
 
-            summary = trainer.run(show)
+            summary = run_train(cfg, resume=resume, on_iteration=show)
+            progress.update(task, total=summary.history[-1]["iteration"])
     except _known_errors() as error:
         _fail(error)
     Console().print(_summary_table(summary))
+    _runtime_summary(summary.run_dir)
+    _write_run_report(summary.run_dir)
+
+
+def _runtime_summary(run_dir: Path) -> None:
+    """Print the Ray runtime's totals (summary.json), when the run had one."""
+    import json
+
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        return
+    totals = json.loads(path.read_text())
+    table = Table(title=f"runtime ({totals['mode']})")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for name, value in totals.items():
+        if isinstance(value, float | int) and not isinstance(value, bool):
+            table.add_row(name, f"{value:.4g}")
+    Console().print(table)
+
+
+def _write_run_report(run_dir: Path) -> None:
+    """Write run_dir/report.html with the report writer, if this install has one."""
+    try:
+        from spotlight.report.html import write_report
+    except ImportError:
+        return
+    out = write_report([run_dir], run_dir / "report.html")
+    console.print(f"report written to {out}")
 
 
 @app.command("eval")

@@ -111,18 +111,19 @@ class TrainConfig(Section):
     def _explore_covers_group(self) -> TrainConfig:
         planner = self.explore.planner
         explores = self.mode not in ("vanilla", "spot-rollout")
+        on_ray = self.mode in RUNTIME_MODES or self.runtime.use_ray  # the runtime always plans (N, S)
         if explores and planner is not None and min(planner.num_candidates) < self.rollout.group_size:
             raise ValueError(
                 f"explore.planner.num_candidates must all be >= rollout.group_size "
                 f"({min(planner.num_candidates)} < {self.rollout.group_size})"
             )
-        on_ray = self.mode in RUNTIME_MODES or self.runtime.use_ray
-        if explores and on_ray and planner is None and min(self.runtime.planner.num_candidates) < self.rollout.group_size:
+        runtime_min = min(self.runtime.planner.num_candidates)
+        if explores and on_ray and planner is None and runtime_min < self.rollout.group_size:
             raise ValueError(
                 f"runtime.planner.num_candidates must all be >= rollout.group_size "
                 f"({min(self.runtime.planner.num_candidates)} < {self.rollout.group_size}); or set explore.planner"
             )
-        if explores and self.explore.num_candidates < self.rollout.group_size:
+        if explores and not on_ray and self.explore.num_candidates < self.rollout.group_size:
             raise ValueError(
                 f"explore.num_candidates must be >= rollout.group_size "
                 f"({self.explore.num_candidates} < {self.rollout.group_size})"

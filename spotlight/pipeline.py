@@ -6,6 +6,9 @@
     stale-explore  the same, but with the PREVIOUS weights θ_{i-1}: what Spotlight runs on spot devices
                    while iteration i-1 trains. Here it runs in sequence, so that its effect on
                    convergence is measured apart from the systems effect.
+    spot-rollout   (Ray) spot devices help the rollout and idle during training
+    spotlight      (Ray) stale exploration on spot devices hidden behind training; see spotlight/runtime/loop.py,
+                   which runs this module's functions on the device pools
 
 Every random choice of iteration i (its prompts, its candidate seeds, its shuffles) comes from
 generators keyed by (run seed, i), so a resumed run continues with exactly the numbers it would have
@@ -26,7 +29,7 @@ import torch
 
 from spotlight.config import TrainConfig, dump_config
 from spotlight.diffusion.noise import stream_key
-from spotlight.diffusion.sampler import SamplingPlan
+from spotlight.diffusion.sampler import SamplingPlan, Trajectory
 from spotlight.evaluation import evaluate
 from spotlight.explore.candidates import score_candidates
 from spotlight.explore.planner import ExplorationPlanner, ExplorePlan
@@ -76,14 +79,32 @@ class Rollout:
     metrics: dict[str, float]
 
 
+def rollout_plan(config: TrainConfig) -> SamplingPlan:
+    """The SDE sampling plan of GRPO rollouts (what every device that helps a rollout runs)."""
+    section = config.rollout
+    return SamplingPlan(num_steps=section.num_steps, shift=section.shift, sampler="sde",
+                        noise_level=section.noise_level)
+
+
+def group_requests(prompts: list[str], seeds: torch.Tensor) -> tuple[list[str], list[int]]:
+    """One (prompt, seed) pair per sample of the (P, G) groups, prompt-major: the rollout's sample order."""
+    return [prompt for prompt in prompts for _ in range(seeds.shape[1])], seeds.reshape(-1).tolist()
+
+
 def rollout(model: TinyDiT, prompts: list[str], seeds: torch.Tensor, config: TrainConfig, reward: Reward) -> Rollout:
     """SDE-sample each prompt's group (seeds (P, G)), score it, and compute group advantages."""
+    expanded, flat_seeds = group_requests(prompts, seeds)
+    return score_rollout(model, prompts, seeds, generate(model, expanded, flat_seeds, rollout_plan(config)),
+                         config, reward)
+
+
+def score_rollout(model: TinyDiT, prompts: list[str], seeds: torch.Tensor, trajectory: Trajectory,
+                  config: TrainConfig, reward: Reward) -> Rollout:
+    """Score sampled groups (``trajectory`` in `group_requests` order, from any devices) and compute advantages."""
     num_prompts, group_size = seeds.shape
     section = config.rollout
-    plan = SamplingPlan(num_steps=section.num_steps, shift=section.shift, sampler="sde",
-                        noise_level=section.noise_level)
-    expanded = [prompt for prompt in prompts for _ in range(group_size)]
-    trajectory = generate(model, expanded, seeds.reshape(-1).tolist(), plan)
+    plan = rollout_plan(config)
+    expanded, _ = group_requests(prompts, seeds)
     scored = guarded_score(reward, to_images(trajectory.final), expanded)
     rewards = scored.rewards.reshape(num_prompts, group_size)
     valid = scored.valid.reshape(num_prompts, group_size)
@@ -123,13 +144,19 @@ def explore(
     """
     rewards = score_candidates(explorer, prompts, candidates, plan, reward, config.rollout.shift,
                                config.rollout.noise_level)
+    return select_explored(rewards, candidates, config, generator), rewards
+
+
+def select_explored(rewards: torch.Tensor, candidates: torch.Tensor, config: TrainConfig,
+                    generator: torch.Generator) -> Exploration:
+    """Keep the G most varied of each prompt's scored candidates (rewards and seeds (P, N)), wherever scored."""
     selection = select_seeds(rewards, candidates, config.rollout.group_size, generator)
     metrics = {
         "explore/selected_reward_std": float(selection.variance.sqrt().mean()),
         "explore/candidate_reward_std": float(rewards.nan_to_num(0).std(dim=1, unbiased=False).mean()),
         "explore/degenerate_prompts": float(selection.degenerate.float().mean()),
     }
-    return Exploration(seeds=selection.seeds, metrics=metrics), rewards
+    return Exploration(seeds=selection.seeds, metrics=metrics)
 
 
 @dataclass
@@ -259,9 +286,16 @@ class Trainer:
                                      fresh.seeds)
         return {"staleness/kendall_tau": record.tau, "staleness/selection_overlap": record.overlap}
 
-    def run(self, on_iteration: Callable[[int, dict[str, Any]], None] | None = None) -> RunSummary:
-        """Train from the current iteration to ``config.iterations``; returns the history."""
+    def run(self, on_iteration: Callable[[int, dict[str, Any]], None] | None = None,
+            step: Callable[[int], dict[str, Any]] | None = None, max_wall_s: float | None = None) -> RunSummary:
+        """Train from the current iteration to ``config.iterations``; returns the history.
+
+        ``step`` runs one iteration (default `iteration`; the Ray runtime passes its own, which
+        distributes the same calls). With ``max_wall_s`` the run ends after the iteration that
+        passes that wall time, validated and checkpointed like a last iteration.
+        """
         config = self.config
+        step = step or self.iteration
         metrics_file = (self.run_dir / "metrics.jsonl").open("a")
         started = time.perf_counter() - (self.history[-1]["time/wall_s"] if self.history else 0.0)
         try:
@@ -269,19 +303,22 @@ class Trainer:
                 record = {"iteration": 0, "time/wall_s": 0.0, **self.validate(0)}
                 self._log(metrics_file, record, on_iteration)
             for iteration in range(self.start_iteration, config.iterations):
-                record = self.iteration(iteration)
+                record = step(iteration)
                 record["time/wall_s"] = time.perf_counter() - started
                 done = iteration + 1
-                if done % config.eval.every == 0 or done == config.iterations:
+                last = done == config.iterations or (max_wall_s is not None and record["time/wall_s"] >= max_wall_s)
+                if done % config.eval.every == 0 or last:
                     eval_started = time.perf_counter()
                     record.update(self.validate(done))
                     record["time/eval_s"] = time.perf_counter() - eval_started
                 self._log(metrics_file, record, on_iteration)
-                if done % config.checkpoint_every == 0 or done == config.iterations:
+                if done % config.checkpoint_every == 0 or last:
                     save_training_checkpoint(self.run_dir, done, self.model, self.optimizer, self.ema, {
                         "previous": self.previous.state_dict(), "monitor": self.monitor.state_dict(),
                         "planner": None if self.planner is None else self.planner.state_dict(),
                         "budget_s": self.budget_s})
+                if last:
+                    break
         finally:
             metrics_file.close()
         validation = [r for r in self.history if "val/strict_accuracy" in r]
@@ -298,15 +335,22 @@ class Trainer:
         timings["time/rollout_s"] = time.perf_counter() - started
         if self.planner is not None and plan is not None:
             self.planner.observe_reward(plan, scored.metrics["rollout/group_reward_var"])
+        update = self.train_step(iteration, scored)
+        return {"iteration": iteration + 1, **scored.metrics, **exploration.metrics, **update, **timings}
+
+    def train_step(self, iteration: int, scored: Rollout) -> dict[str, float]:
+        """θ_i → θ_{i+1} on a scored rollout (θ_i kept as ``previous``); the update's metrics and time/train_s.
+
+        The training time becomes the next exploration budget: what exploration hides behind.
+        """
         self.previous.load_state_dict(self.model.state_dict())
         started = time.perf_counter()
-        update = grpo_update(self.model, self.reference, self.optimizer, scored.batch, config.train,
-                             iteration_generator(config.seed, iteration, 2))
-        timings["time/train_s"] = time.perf_counter() - started
-        self.budget_s = timings["time/train_s"]
+        update = grpo_update(self.model, self.reference, self.optimizer, scored.batch, self.config.train,
+                             iteration_generator(self.config.seed, iteration, 2))
+        self.budget_s = time.perf_counter() - started
         if self.ema is not None:
-            update_ema(self.ema, self.model, config.train.ema_decay)
-        return {"iteration": iteration + 1, **scored.metrics, **exploration.metrics, **update, **timings}
+            update_ema(self.ema, self.model, self.config.train.ema_decay)
+        return {**update, "time/train_s": self.budget_s}
 
     def _log(self, metrics_file, record: dict[str, Any], on_iteration) -> None:
         self.history.append(record)
@@ -318,5 +362,13 @@ class Trainer:
 
 def train(config: TrainConfig, resume: bool = False, reward: Reward | None = None,
           on_iteration: Callable[[int, dict[str, Any]], None] | None = None) -> RunSummary:
-    """Run ``spotlight train`` for a config: a thin wrapper for the CLI and tests."""
+    """Run ``spotlight train`` for a config: a thin wrapper for the CLI and tests.
+
+    Modes spot-rollout and spotlight (and the others with ``runtime.use_ray``) run on the Ray
+    runtime (`spotlight.runtime.loop`); the rest in this process.
+    """
+    from spotlight.runtime.loop import run_on_ray, uses_ray
+
+    if uses_ray(config):
+        return run_on_ray(config, resume=resume, reward=reward, on_iteration=on_iteration)
     return Trainer(config, reward=reward, resume=resume).run(on_iteration)

@@ -45,7 +45,7 @@ def test_eval_of_a_missing_checkpoint_names_the_path(tmp_path):
 def test_train_runs_and_prints_the_summary_table(tiny_base_model, tmp_path):
     result = runner.invoke(app, [
         "train", "-s", f"base_checkpoint={tiny_base_model}", "-s", f"run_dir={tmp_path / 'run'}",
-        "-s", "iterations=1", "-s", "num_threads=1", "-s", "rollout.prompts_per_iteration=1",
+        "-s", "mode=vanilla", "-s", "iterations=1", "-s", "num_threads=1", "-s", "rollout.prompts_per_iteration=1",
         "-s", "rollout.group_size=2", "-s", "rollout.num_steps=2", "-s", "eval.seeds_per_prompt=1",
         "-s", "eval.num_steps=1",
     ])

@@ -29,7 +29,7 @@ def config_error(*args, **kwargs) -> str:
 def test_defaults_load_and_match_the_documented_values() -> None:
     config = load_config(TrainConfig, None)
     assert config == TrainConfig()
-    assert config.mode == "vanilla"
+    assert config.mode == "spotlight"
     documented = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
     assert load_config(TrainConfig, documented) == config  # configs/default.yaml lists every default
     assert config.train.clip_range == 0.2
@@ -141,7 +141,8 @@ def test_exploration_needs_at_least_group_size_candidates() -> None:
     assert "rollout.group_size" in message
     assert "4 < 8" in message
     # vanilla does not explore, and equal counts are enough
-    assert load_config(TrainConfig, None, ["explore.num_candidates=4", "rollout.group_size=8"]).mode == "vanilla"
+    assert load_config(TrainConfig, None, ["mode=vanilla", "explore.num_candidates=4",
+                                           "rollout.group_size=8"]).mode == "vanilla"
     load_config(TrainConfig, None, ["mode=stale-explore", "explore.num_candidates=8", "rollout.group_size=8"])
 
 

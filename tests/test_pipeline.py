@@ -16,7 +16,7 @@ from spotlight.rewards.geneval import GenEvalReward
 
 def tiny_config(base: Path, run_dir: Path, **changes) -> TrainConfig:
     data = {
-        "base_checkpoint": str(base), "run_dir": str(run_dir), "iterations": 2, "num_threads": 1,
+        "mode": "vanilla", "base_checkpoint": str(base), "run_dir": str(run_dir), "iterations": 2, "num_threads": 1,
         "checkpoint_every": 1,
         "rollout": {"prompts_per_iteration": 2, "group_size": 3, "num_steps": 3},
         "train": {"kl_beta": 0.01, "num_minibatches": 2, "ema_decay": 0.5},

@@ -35,6 +35,20 @@ def score_candidates(
     expanded = [prompt for prompt in prompts for _ in range(num_candidates)]
     sampling = SamplingPlan(num_steps=plan.num_steps, shift=shift, sampler=plan.sampler, noise_level=noise_level)
     trajectory = generate(model, expanded, seeds.reshape(-1).tolist(), sampling, record=False)
-    scored = guarded_score(reward, to_images(trajectory.final), expanded)
+    return score_latents(trajectory.final, prompts, reward)
+
+
+def score_latents(latents: torch.Tensor, prompts: Sequence[str], reward: Reward) -> torch.Tensor:
+    """Rewards (P, N) of denoised candidates ``latents`` (P·N, C, H, W), prompt-major; NaN where scoring failed.
+
+    The scoring half of `score_candidates`, for candidates denoised elsewhere (spot devices via the queue).
+    """
+    num_prompts = len(prompts)
+    if num_prompts == 0 or latents.shape[0] % num_prompts:
+        raise ValueError(f"need the same number of candidates for each of the {num_prompts} prompts "
+                         f"(got {latents.shape[0]} latents)")
+    num_candidates = latents.shape[0] // num_prompts
+    expanded = [prompt for prompt in prompts for _ in range(num_candidates)]
+    scored = guarded_score(reward, to_images(latents), expanded)
     rewards = torch.where(scored.valid, scored.rewards, torch.full_like(scored.rewards, float("nan")))
     return rewards.reshape(num_prompts, num_candidates)

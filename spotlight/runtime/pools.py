@@ -1,0 +1,300 @@
+"""Device pools on Ray: the on-demand node (driver = trainer, the queue) and the spot devices.
+
+Where the cluster comes from:
+- `LocalCluster`: logical nodes on this machine (``ray.cluster_utils.Cluster``): a head node with
+  the custom resource ``on_demand`` (the driver, hence the trainer, and the queue live there) and
+  spot nodes with the resource ``spot``, one single-threaded device each. A preemption really
+  removes a node (its raylet and worker processes are killed) and a return really adds one.
+- `attach_cluster`: an existing Ray cluster (``--address auto``). Node roles come from custom
+  resources: nodes offering ``spot`` are spot nodes (``spot: k`` = k devices), the node the driver
+  runs on must offer ``on_demand`` (the trainer is the driver). Spot nodes come and go with the
+  autoscaler / KubeRay; see docs/runtime.md and configs/ray-cluster-spotlight.yaml.
+
+`SpotPool` is the driver's view of the spot devices: it starts a `SpotDevice` on every live spot
+node, hands each the current weights (an ``ObjectRef``: the object store, never a file), tracks
+every call in flight without blocking, and turns a lost node into lost calls instead of a crash.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from spotlight.runtime.cost_meter import DeviceLedger
+from spotlight.runtime.device import DeviceCall, SpotDevice
+from spotlight.runtime.events import EventLog
+from spotlight.runtime.worker import WorkerSettings
+
+__all__ = ["CallResult", "LocalCluster", "PoolError", "SpotPool", "attach_cluster"]
+
+
+class PoolError(RuntimeError):
+    """The cluster cannot host the pools; the message names the cause and the fix."""
+
+
+def _init_kwargs() -> dict[str, Any]:
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    return {"include_dashboard": False, "logging_level": "ERROR", "log_to_driver": False}
+
+
+class LocalCluster:
+    """Logical Ray nodes on this machine: an on-demand head and spot nodes that come and go."""
+
+    def __init__(self, object_store_mb: int = 200, node_timeout_s: float = 120.0) -> None:
+        from ray.cluster_utils import Cluster
+
+        kwargs = _init_kwargs()
+        self._object_store = object_store_mb * 1024 * 1024
+        self._node_timeout_s = node_timeout_s
+        try:
+            self.cluster = Cluster(initialize_head=True, head_node_args={
+                "num_cpus": 1, "resources": {"on_demand": 1}, "include_dashboard": False,
+                "object_store_memory": self._object_store})
+        except Exception as error:  # Ray raises a bare Exception when its node misses its 30 s start-up
+            load = os.getloadavg()[0]
+            raise PoolError(f"Ray could not start the on-demand head node ({error}); load average {load:.1f} on "
+                            f"{os.cpu_count()} cores: retry when the machine is less busy") from None
+        # Spot nodes are added by the controller thread, and Ray's per-node exit hooks install a SIGTERM
+        # handler, which only the main thread may do: they go without, and atexit stops them instead.
+        self.cluster._shutdown_at_exit = False
+        self._closed = False
+        atexit.register(self.shutdown)
+        ray.init(address=self.cluster.address, **{k: v for k, v in kwargs.items() if k != "include_dashboard"})
+        self._nodes: dict[str, Any] = {}
+
+    def add_spot_node(self, name: str) -> str:
+        """Start a spot node called ``name`` (one device); returns its Ray node id."""
+        if name in self._nodes:
+            raise PoolError(f"spot node {name} is already live; remove it before adding it again")
+        try:
+            node = self.cluster.add_node(num_cpus=1, resources={"spot": 1}, object_store_memory=self._object_store,
+                                         wait=False)
+        except Exception as error:  # Ray's start-up timeout is a bare Exception
+            raise PoolError(f"spot node {name} failed to start ({error}); the machine is overloaded") from None
+        deadline = time.monotonic() + self._node_timeout_s
+        while not any(n["NodeID"] == node.node_id and n["Alive"] for n in ray.nodes()):
+            if time.monotonic() > deadline:
+                raise PoolError(f"spot node {name} did not join within {self._node_timeout_s:.0f} s: the machine "
+                                "is overloaded; retry, or raise runtime.node_timeout_s")
+            time.sleep(0.05)
+        self._nodes[name] = node
+        return node.node_id
+
+    def remove_spot_node(self, name: str) -> None:
+        """Kill spot node ``name`` and every process on it (a preemption); a no-op if it is gone."""
+        node = self._nodes.pop(name, None)
+        if node is not None:
+            self.cluster.remove_node(node, allow_graceful=False)
+
+    def shutdown(self) -> None:
+        """Disconnect and stop this cluster's processes only (never ``ray stop``: others' clusters live here)."""
+        if self._closed:
+            return
+        self._closed = True
+        ray.shutdown()
+        self.cluster.shutdown()
+
+
+def attach_cluster(address: str) -> dict[str, tuple[str, int]]:
+    """Connect to a running Ray cluster; returns its live spot nodes {name: (node id, devices)}.
+
+    Raises PoolError when the address is unusable, when the driver is not on an on-demand node or
+    when no node offers ``spot``.
+    """
+    if address.startswith("ray://"):
+        raise PoolError(f"--address {address}: a Ray Client driver runs off the cluster, but the Spotlight driver is "
+                        "the trainer and must run on the on-demand node: submit it there with `ray job submit "
+                        "--entrypoint-resources '{\"on_demand\": 1}' -- spotlight train --address auto`")
+    try:
+        ray.init(address=address, **_init_kwargs())
+    except (ConnectionError, ValueError, RuntimeError) as error:
+        raise PoolError(f"--address {address}: cannot connect to a Ray cluster ({error}); start one with "
+                        "`ray start --head` or pass the head's address") from None
+    here = ray.get_runtime_context().get_node_id()
+    nodes = [node for node in ray.nodes() if node["Alive"]]
+    if not any(node["NodeID"] == here and node["Resources"].get("on_demand", 0) > 0 for node in nodes):
+        ray.shutdown()
+        raise PoolError(f"--address {address}: the driver's node offers no 'on_demand' resource; run spotlight train "
+                        "on the on-demand node (start it with --resources='{\"on_demand\": 1}')")
+    spot = {node["NodeManagerHostname"] + "/" + node["NodeID"][:8]: (node["NodeID"], int(node["Resources"]["spot"]))
+            for node in nodes if node["Resources"].get("spot", 0) >= 1}
+    if not spot:
+        ray.shutdown()
+        raise PoolError(f"--address {address}: no live node offers the 'spot' resource; start spot nodes with "
+                        "--resources='{\"spot\": <devices>}' (see configs/ray-cluster-spotlight.yaml)")
+    return spot
+
+
+State = Literal["starting", "loading", "idle", "busy"]
+
+
+@dataclass
+class _DeviceSlot:
+    device_id: str
+    node: str
+    handle: Any
+    state: State = "starting"
+    version: int = -1
+    ref: Any = None  # the call in flight
+    phase: str = ""
+    notified: bool = False  # a preemption notice came: the device takes no more work
+
+
+@dataclass(frozen=True)
+class CallResult:
+    """A finished call: ``call`` is None when the device was lost before it answered."""
+
+    device_id: str
+    phase: str
+    call: DeviceCall | None
+
+
+@dataclass
+class SpotPool:
+    """The driver's bookkeeping of spot devices and the calls they run (see the module docstring).
+
+    ``clock`` gives the run's time (seconds since the run started) and ``epoch0`` the wall clock at
+    that moment, so device-side timestamps (wall clock) land on the same timeline.
+    """
+
+    queue: Any
+    model_config: Any
+    settings: WorkerSettings
+    ledger: DeviceLedger
+    events: EventLog
+    clock: Callable[[], float]
+    epoch0: float
+    _devices: dict[str, _DeviceSlot] = field(default_factory=dict)
+    _weights: tuple[int, Any] | None = None
+    _started: int = 0
+
+    # -- membership ------------------------------------------------------------------------------
+    def node_added(self, node: str, node_id: str, devices: int = 1) -> None:
+        """Start ``devices`` spot devices on a node that just joined (each is billed from now)."""
+        now = self.clock()
+        self.events.write(now, "node_added", node=node)
+        for _ in range(devices):
+            device_id = f"spot-{self._started}"
+            self._started += 1
+            handle = SpotDevice.options(
+                num_cpus=1, resources={"spot": 1}, max_restarts=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+            ).remote(device_id, self.queue, self.model_config, self.settings)
+            slot = _DeviceSlot(device_id, node, handle, ref=handle.ready.remote(), phase="start")
+            self._devices[device_id] = slot
+            self.ledger.hold(device_id, "spot", now)
+
+    def notify(self, node: str, deadline_s: float) -> None:
+        """A preemption notice for ``node``: its devices commit their work and take no more."""
+        self.events.write(self.clock(), "preemption_notice", node=node, deadline_s=round(deadline_s, 3))
+        for slot in self._on(node):
+            slot.notified = True
+            slot.handle.notify_preemption.remote()
+
+    def node_removed(self, node: str) -> list[CallResult]:
+        """Forget ``node``'s devices (their node is gone); returns their calls in flight as lost."""
+        now = self.clock()
+        self.events.write(now, "node_removed", node=node)
+        lost = []
+        for slot in self._on(node):
+            if slot.state == "busy":
+                lost.append(CallResult(slot.device_id, slot.phase, None))
+            self.ledger.release(slot.device_id, now)
+            ray.kill(slot.handle, no_restart=True)
+            del self._devices[slot.device_id]
+        return lost
+
+    def release_all(self) -> None:
+        """End of the run: stop billing every device."""
+        now = self.clock()
+        for slot in self._devices.values():
+            self.ledger.release(slot.device_id, now)
+
+    # -- weights and calls ------------------------------------------------------------------------
+    def set_weights(self, version: int, weights_ref: Any) -> None:
+        """θ_version for every device: idle ones load it now, the others as soon as they are free."""
+        self._weights = (version, weights_ref)
+        for slot in self._devices.values():
+            if slot.state == "idle":
+                self._load(slot)
+
+    def devices(self, version: int | None = None, state: State | None = None) -> list[str]:
+        """Ids of the live devices without a notice (holding ``version`` and in ``state`` when given)."""
+        return [slot.device_id for slot in self._devices.values() if not slot.notified
+                and (version is None or slot.version == version) and (state is None or slot.state == state)]
+
+    def is_notified(self, device_id: str) -> bool:
+        return self._devices[device_id].notified
+
+    def call(self, device_id: str, phase: str, method: str, *args: Any) -> None:
+        """Start ``method(*args)`` on an idle device; its result comes back from `poll`."""
+        slot = self._devices[device_id]
+        if slot.state != "idle":
+            raise PoolError(f"device {device_id} is {slot.state}, not idle: wait for its call to finish")
+        slot.state, slot.phase, slot.ref = "busy", phase, getattr(slot.handle, method).remote(*args)
+
+    def poll(self, timeout_s: float = 0.0) -> list[CallResult]:
+        """Finished work calls since the last poll (waiting up to ``timeout_s`` for one); start-ups and
+        weight loads are handled here and not returned."""
+        pending = {slot.ref: slot for slot in self._devices.values() if slot.ref is not None}
+        if not pending:
+            time.sleep(timeout_s)
+            return []
+        done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=timeout_s)
+        results = []
+        for ref in done:
+            slot = pending[ref]
+            slot.ref = None
+            try:
+                answer = ray.get(ref, timeout=5.0)
+            except (RayActorError, GetTimeoutError) as error:
+                results += self._lose(slot, error)
+                continue
+            except RayTaskError as error:
+                raise PoolError(f"spot device {slot.device_id} failed in {slot.phase}: {error}") from error
+            if slot.state == "starting":
+                slot.state = "idle"
+                if self._weights is not None:
+                    self._load(slot)
+            elif slot.state == "loading":
+                slot.state, slot.version = "idle", answer.result
+                self._book(slot, answer, "broadcast")
+                if self._weights is not None and slot.version != self._weights[0]:
+                    self._load(slot)
+            else:
+                slot.state = "idle"
+                self._book(slot, answer, slot.phase)
+                results.append(CallResult(slot.device_id, slot.phase, answer))
+                if self._weights is not None and slot.version != self._weights[0]:
+                    self._load(slot)
+        return results
+
+    def _load(self, slot: _DeviceSlot) -> None:
+        version, weights_ref = self._weights
+        slot.state, slot.phase, slot.ref = "loading", "broadcast", slot.handle.load_weights.remote(version, weights_ref)
+
+    def _book(self, slot: _DeviceSlot, call: DeviceCall, phase: str) -> None:
+        start, end = call.start - self.epoch0, call.end - self.epoch0
+        self.ledger.busy(slot.device_id, start, end, phase, call.compute_s)
+        self.events.write(end, "busy", node=slot.node, device=slot.device_id, start=round(start, 4),
+                          end=round(end, 4), phase=phase)
+
+    def _lose(self, slot: _DeviceSlot, error: Exception) -> list[CallResult]:
+        """A call failed: the device (or its node) is gone; drop it so its node's return restarts one."""
+        lost = [CallResult(slot.device_id, slot.phase, None)] if slot.state == "busy" else []
+        self.ledger.release(slot.device_id, self.clock())
+        self.events.write(self.clock(), "device_lost", node=slot.node, device=slot.device_id,
+                          error=type(error).__name__)
+        del self._devices[slot.device_id]
+        return lost
+
+    def _on(self, node: str) -> list[_DeviceSlot]:
+        return [slot for slot in self._devices.values() if slot.node == node]

@@ -1,0 +1,58 @@
+"""The ``runtime:`` config section: where the pools run, which trace preempts them, what devices cost."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from spotlight.explore.planner import PlannerConfig
+from spotlight.schema import Section
+
+__all__ = ["PricesSection", "RuntimeSection", "RUNTIME_MODES"]
+
+# Modes that always run on the Ray runtime; vanilla and sync-explore do with runtime.use_ray.
+RUNTIME_MODES = ("spot-rollout", "spotlight")
+
+
+class PricesSection(Section):
+    """Device prices: per-GPU-hour prices of ``instance`` from spotlight/sim/prices.yaml, unless given."""
+
+    instance: str = "p5.48xlarge"
+    on_demand_per_gpu_hour: float | None = Field(None, ge=0)
+    spot_per_gpu_hour: float | None = Field(None, ge=0)
+
+
+class RuntimeSection(Section):
+    """The Ray runtime of ``spotlight train`` (modes spot-rollout and spotlight; the others with use_ray).
+
+    ``address``: None starts a local cluster of logical nodes on this machine (one on-demand head,
+    ``num_spot_devices`` spot nodes of one single-threaded device each); ``auto`` attaches to the
+    running cluster this driver is on (see docs/runtime.md). ``trace``: a spot trace file (a name
+    in the trace folder or a path), clipped to the spot nodes and replayed ``time_scale`` times
+    faster (1/60: an hour of cloud time per minute), notices ``grace_s`` before each removal; None
+    runs without preemptions. ``max_wall_s``: stop after the iteration that passes this much wall
+    time (with a final validation and checkpoint), so the default run fits its time; None runs all
+    iterations. ``planner``: the exploration planner when ``explore.planner`` is null; its grid is
+    finer in N than the single-process default so that the chosen plan fills the training time.
+    ``explore_wait_s``: after training, how long to wait for unfinished exploration (spot nodes
+    all gone) before its prompts fall back to random seeds. ``min_step_s``: a spot device's exploration
+    pass takes at least this long, to emulate a slower accelerator in tests and demos (0: CPU speed).
+    """
+
+    address: str | None = None
+    use_ray: bool = False
+    num_spot_devices: int = Field(1, ge=0)
+    trace: str | None = "aws-p3-bamboo.csv"
+    time_scale: float = Field(1 / 60, gt=0)
+    grace_s: float = Field(2.0, ge=0)
+    max_wall_s: float | None = Field(900.0, gt=0)
+    lease_timeout_s: float = Field(10.0, gt=0)
+    worker_capacity: int = Field(32, ge=1)
+    forward_batch: int = Field(16, ge=1)
+    min_step_s: float = Field(0.0, ge=0)
+    explore_wait_s: float = Field(15.0, ge=0)
+    node_timeout_s: float = Field(120.0, gt=0)
+    prices: PricesSection = PricesSection()
+    planner: PlannerConfig = PlannerConfig(
+        num_candidates=(8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128),
+        num_steps=(2, 4, 6),
+    )
