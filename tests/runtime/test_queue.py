@@ -219,3 +219,24 @@ def test_queue_actor_serves_workers_over_ray_with_tensors_intact(ray_node: None)
 def test_queue_actor_refuses_a_resource_no_node_offers(ray_node: None) -> None:
     with pytest.raises(QueueError, match="no Ray node offers the resource 'on_demand_gpu'"):
         start_queue_actor(resource="on_demand_gpu")
+
+
+def test_take_results_hands_each_result_over_once_and_a_late_duplicate_is_still_ignored(queue: RequestQueue) -> None:
+    queue.pull("a", 2)  # the fixture queued r0..r4
+    assert queue.complete("a", "r0", latent(1.0))
+    taken = queue.take_results(["r0", "r1"])
+    assert list(taken) == ["r0"] and torch.equal(taken["r0"], latent(1.0))
+    assert queue.take_results(["r0"]) == {}  # handed over already: the queue no longer keeps it
+    assert not queue.complete("a", "r0", latent(2.0))  # known, done: a duplicate, not an unknown request
+    assert queue.stats().duplicate_completions == 1
+
+
+def test_cancelled_requests_are_never_handed_out_and_their_late_work_is_rejected(queue: RequestQueue) -> None:
+    queue.pull("a", 1)  # r0 leased, r1..r4 pending
+    assert queue.cancel(["r0", "r1"]) == 2
+    assert queue.remaining() == 3
+    assert ids(queue.pull("b", 5)) == ["r2", "r3", "r4"]
+    assert not queue.commit("a", "r0", latent(1.0), 1)  # stale: the lease went with the cancel
+    assert not queue.complete("a", "r0", latent(1.0))
+    assert queue.results() == {} and queue.heartbeat("a") == []
+    assert queue.stats().cancelled == 2
