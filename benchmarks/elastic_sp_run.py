@@ -5,9 +5,11 @@ AWS p3 Bamboo trace says, clipped to 3 logical nodes and time-scaled) serves den
 with SP groups of degree 2 (two device processes per node, one group per node). Each preemption
 notice makes the node's group finish its step and hand its request back; the planner keeps the
 other groups (same generation) and forms new ones when nodes return. At the end every request must
-be done exactly once, and each result must match the same request denoised on one device.
+be done exactly once, and each result must match the same request denoised on one device (the run
+exits non-zero otherwise). A node whose agent dies without notice (its raylet starved of CPU) is a
+node loss, planned around and started again; the run reports how many.
 
-Run: nice -n 19 .venv/bin/python benchmarks/elastic_sp_run.py   (~2-3 min on 2 busy cores)
+Run: nice -n 10 .venv/bin/python benchmarks/elastic_sp_run.py   (~3-4 min on 2 busy cores)
 Writes benchmarks/results/elastic_sp_run.json and the reconfiguration log
 benchmarks/results/elastic_sp_reconfigurations.jsonl.
 """
@@ -57,6 +59,7 @@ def main() -> None:
     parser.add_argument("--min-step-s", type=float, default=0.2, help="emulated accelerator step time")
     parser.add_argument("--out", default=str(RESULTS / "elastic_sp_run.json"))
     parser.add_argument("--log", default=str(RESULTS / "elastic_sp_reconfigurations.jsonl"))
+    parser.add_argument("--timeout-s", type=float, default=2400.0, help="give up if the queue is not drained by then")
     args = parser.parse_args()
     torch.set_num_threads(1)
     trace = load_trace(default_trace_dir() / "aws-p3-bamboo.csv").clipped(args.nodes).window(0.0, args.window_s)
@@ -66,15 +69,21 @@ def main() -> None:
     model = random_model()
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"on_demand": 1},
-                                                            "include_dashboard": False})
+    # A loaded 2-core machine starves raylets of CPU for many seconds: Ray's default health check
+    # (5 missed 3-s checks) then declares live nodes dead. The controller survives that (a lost node
+    # is planned around and started again), but the trace's churn is the point of this run, so the
+    # check is made tolerant; trace removals never wait on it (the controller acts on the notice).
+    head = {"num_cpus": 1, "resources": {"on_demand": 1}, "include_dashboard": False,
+            "_system_config": {"health_check_failure_threshold": 20, "health_check_timeout_ms": 20000}}
+    cluster = Cluster(initialize_head=True, head_node_args=head)
     try:
         ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
         queue = start_queue_actor(lease_timeout_s=10.0)
         ray.get(queue.submit.remote(requests))
         weights = ray.put(model_weights(model))
         replay = TraceReplay(trace, time_scale=args.time_scale, grace_s=1.0)
-        report = run_elastic_sp(queue, CONFIG, weights, replay, LocalSpotNodes(cluster), settings, args.log)
+        report = run_elastic_sp(queue, CONFIG, weights, replay, LocalSpotNodes(cluster), settings, args.log,
+                                timeout_s=args.timeout_s)
         results = ray.get(queue.results.remote())
     finally:
         ray.shutdown()
@@ -82,8 +91,8 @@ def main() -> None:
 
     started = time.perf_counter()
     reference = generate(model, [r.prompt for r in requests], [r.seed for r in requests], plan, record=False).final
-    max_error = max((results[r.request_id] - reference[i]).abs().max().item() for i, r in enumerate(requests)
-                    if r.request_id in results)
+    max_error = max(((results[r.request_id] - reference[i]).abs().max().item() for i, r in enumerate(requests)
+                     if r.request_id in results), default=float("inf"))
     reference_s = time.perf_counter() - started
     log = [json.loads(line) for line in Path(args.log).read_text().splitlines()]
     stats = report.queue_stats
@@ -95,7 +104,8 @@ def main() -> None:
           f", resumed from a committed step {stats.resumed}, hand-backs {stats.commits}, lease expirations "
           f"{stats.expirations}")
     print(f"notices {report.notices} (trace removals replayed {replayed}), node joins {report.joins}, "
-          f"removals {report.removals}, reconfigurations {report.reconfigurations}, wall {report.wall_s:.1f} s")
+          f"removals {report.removals}, nodes lost without notice {report.lost_nodes} (requests requeued "
+          f"{report.requeued}), reconfigurations {report.reconfigurations}, wall {report.wall_s:.1f} s")
     print(f"{'at s':>7} {'took s':>7}  cause -> groups")
     for record in log:
         groups = ", ".join(f"{g['name']}{g['members']}" for g in record["new_groups"]) or "(none)"
@@ -109,11 +119,15 @@ def main() -> None:
         "done": stats.done, "submitted": stats.submitted, "lost": lost, "resumed": stats.resumed,
         "hand_backs": stats.commits, "expirations": stats.expirations,
         "duplicate_completions_ignored": stats.duplicate_completions, "notices": report.notices,
-        "joins": report.joins, "removals": report.removals, "reconfigurations": report.reconfigurations,
+        "joins": report.joins, "removals": report.removals, "lost_nodes": report.lost_nodes,
+        "requeued_from_lost_nodes": report.requeued, "reconfigurations": report.reconfigurations,
+        "reconfiguration_s": [record["duration_s"] for record in log],
         "wall_s": report.wall_s, "max_abs_diff_vs_one_device": max_error, "reconfiguration_log": args.log,
     }
     Path(args.out).write_text(json.dumps(payload, indent=2) + "\n")
     print(f"wrote {args.out} and {args.log}")
+    if lost or stats.done != args.requests or not max_error <= 1e-5:
+        raise SystemExit(f"FAILED: lost {lost}, done {stats.done}/{args.requests}, max |diff| {max_error:.2e}")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,12 @@ class ElasticSPSettings:
 
     ``devices_per_node``: device processes per agent. ``min_step_s``: lower bound on a step's wall
     time (emulates a slower accelerator so preemptions land mid-sample locally; 0 on real devices).
-    ``poll_s``: how often the controller looks at notices and serving groups.
+    ``poll_s``: how often the controller looks at notices and serving groups. ``agent_call_s``: how
+    long the controller waits for an agent's answer before counting its node as lost (generous: a
+    loaded machine answers slowly, and a lost node costs a restart). ``agent_start_s``: how long a
+    joining node may take to start its agent and load the weights. ``restart_lost_nodes``: start a
+    node again when it died while the trace still has it (a crash, not a preemption), as an
+    autoscaler replaces a failed instance.
     """
 
     sp_degrees: Mapping[int, int] = field(default_factory=lambda: {32: 2})
@@ -46,6 +51,9 @@ class ElasticSPSettings:
     min_step_s: float = 0.0
     poll_s: float = 0.05
     collective_timeout_s: float = 20.0
+    agent_call_s: float = 120.0
+    agent_start_s: float = 900.0
+    restart_lost_nodes: bool = True
 
 
 class NodeProvider(Protocol):
@@ -57,17 +65,25 @@ class NodeProvider(Protocol):
 
 
 class LocalSpotNodes:
-    """Logical spot nodes of a local Ray cluster: each node is a raylet with resource ``node:<id>``."""
+    """Logical spot nodes of a local Ray cluster: each node is a raylet with its own custom resource.
+
+    Each incarnation of a node gets a fresh resource name (``spot_<id>_<n>``): a node removed without
+    grace stays "alive" in Ray until its health check fails, and an agent for the node's next
+    incarnation must never be scheduled onto that dead raylet.
+    """
 
     def __init__(self, cluster: Any, cpus_per_node: int = 1) -> None:
         self.cluster, self.cpus_per_node = cluster, cpus_per_node
         self._nodes: dict[str, Any] = {}
+        self._incarnations = 0
 
     def start_agent(self, node_id: str, settings: ElasticSPSettings) -> Any:
-        """Add the Ray node and start its agent pinned there (returns the actor handle at once)."""
-        resource = f"spot_{node_id}"
+        """Add the Ray node (without waiting for it) and start its agent pinned there; returns the handle."""
+        self.remove(node_id)  # a node that crashed and is started again
+        self._incarnations += 1
+        resource = f"spot_{node_id}_{self._incarnations}"
         self._nodes[node_id] = self.cluster.add_node(
-            num_cpus=self.cpus_per_node, resources={"spot": 1, resource: 1}
+            wait=False, num_cpus=self.cpus_per_node, resources={"spot": 1, resource: 1}
         )
         return NodeAgentActor.options(num_cpus=0, resources={resource: 0.01}).remote(
             node_id, settings.devices_per_node, num_threads=settings.num_threads,
@@ -82,19 +98,40 @@ class LocalSpotNodes:
 
 @dataclass
 class ElasticSPReport:
-    """What a run did: counts of notices, node joins, reconfigurations and the queue's final stats."""
+    """What a run did: counts of notices, node joins and losses, reconfigurations, the queue's final stats.
+
+    ``lost_nodes``: nodes whose agent died or stopped answering without a notice (each counted once
+    per incarnation); ``requeued``: in-flight requests the controller sent back to the queue from
+    their last committed step when their node was lost.
+    """
 
     notices: int = 0
     joins: int = 0
     removals: int = 0
+    lost_nodes: int = 0
+    requeued: int = 0
     reconfigurations: int = 0
     serve_reports: list[ServeReport] = field(default_factory=list)
     queue_stats: Any = None
     wall_s: float = 0.0
 
 
+_AGENT_GONE = (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError)
+"""What a call to an agent raises when its node is gone (died, removed, or not answering in time).
+
+`RayActorError` covers `ActorDiedError` and `ActorUnavailableError` (a removed node shows first as
+unavailable, and only after Ray's health check as dead); the controller never waits for the latter.
+"""
+
+
 class ElasticSP:
-    """The controller of the spot nodes' agents and their SP groups (module docstring)."""
+    """The controller of the spot nodes' agents and their SP groups (module docstring).
+
+    Every call to an agent goes through `_ask` or `_collect`: an agent that died or does not answer
+    is a node loss (`_lose`) — its groups count as broken, its in-flight requests go back to the queue
+    from their last committed step, and the next reconfiguration (logged) plans without it. The
+    controller itself never fails because a node did.
+    """
 
     def __init__(
         self,
@@ -116,6 +153,7 @@ class ElasticSP:
         self.leaving: dict[str, float] = {}  # node -> removal time (controller clock)
         self.groups: list[SPGroup] = []
         self.serving: dict[ray.ObjectRef, tuple[str, str]] = {}  # serve ref -> (node, group name)
+        self.lost: list[tuple[str, str, float]] = []  # (node, why, when) not yet planned around
         self.next_generation = 0
         self.report = ElasticSPReport()
 
@@ -136,28 +174,37 @@ class ElasticSP:
             if node == node_id:  # noticed before it was ready: never planned, nothing to hand back
                 del self.starting[ref]
         if agent is None:
+            self.handle_losses()
             return
         agent.notify_preemption.remote()
-        self._collect([ref for ref, (node, _) in self.serving.items() if node == node_id], wait=True)
+        self._collect([ref for ref, (node, _) in self.serving.items() if node == node_id], timeout_s=deadline_s)
+        self._release_requests(node_id)  # a step that outlived the deadline: its request goes back now
         self._reconfigure(f"notice {node_id} (deadline {deadline_s:.2f} s)", started)
 
     def poll_agents(self) -> None:
-        """Bring ready agents into the plan and handle groups that stopped serving."""
+        """Bring ready agents into the plan, handle groups that stopped serving and nodes that were lost."""
         if self.starting:
             ready, _ = ray.wait(list(self.starting), num_returns=len(self.starting), timeout=0)
             for ref in ready:
                 node_id, agent, joined_at = self.starting.pop(ref)
-                ray.get(ref)
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayError as error:  # died while starting, or its constructor failed
+                    self._lose(node_id, f"agent failed to start: {_one_line(error)}")
+                    continue
                 self.agents[node_id] = agent
                 self._reconfigure(f"join {node_id} (agent started in {self._now() - joined_at:.2f} s)", self._now())
+            for ref, (node_id, _, joined_at) in list(self.starting.items()):
+                if self._now() - joined_at > self.settings.agent_start_s:
+                    del self.starting[ref]
+                    self._lose(node_id, f"agent did not start in {self.settings.agent_start_s:.0f} s")
         if self.serving:
             done, _ = ray.wait(list(self.serving), num_returns=len(self.serving), timeout=0)
-            broken = self._collect(done, wait=False)
-            for node_id in broken:
+            for node_id in self._collect(done, timeout_s=0):
                 started = self._now()
-                if node_id in self.agents:
-                    ray.get(self.agents[node_id].replace_lost_devices.remote())
+                if node_id in self.agents and self._ask({node_id: self.agents[node_id].replace_lost_devices.remote()}):
                     self._reconfigure(f"device lost on {node_id}", started)
+        self.handle_losses()
 
     def remove_due_nodes(self) -> None:
         """Take away noticed nodes whose deadline passed (the trace's removal)."""
@@ -167,29 +214,49 @@ class ElasticSP:
                 del self.leaving[node_id]
                 self.report.removals += 1
 
+    def handle_losses(self) -> None:
+        """Plan around the nodes lost since the last call (one logged reconfiguration each), restart crashed ones."""
+        while self.lost:
+            node_id, why, at = self.lost.pop(0)
+            self._release_requests(node_id)  # also those of groups formed on it as it died
+            self._reconfigure(f"lost {node_id} ({why})", at)
+            if node_id in self.leaving or not self.settings.restart_lost_nodes:
+                continue  # preempted anyway: the trace's removal and return stand
+            try:
+                self.nodes.remove(node_id)
+            except Exception:  # noqa: BLE001 - a half-dead node must not stop the controller
+                pass
+            self.node_joined(node_id)
+
     # -- planning ------------------------------------------------------------------------------
     def _reconfigure(self, cause: str, started: float) -> PlanDiff:
-        alive = {node: ray.get(agent.alive_devices.remote()) for node, agent in self.agents.items()}
+        """Plan from the agents alive now, carry the plan out, log it (if it changed anything)."""
+        alive = self._ask({node: agent.alive_devices.remote() for node, agent in self.agents.items()})
         num_heads = self.config.num_heads
         diff = plan_groups(alive, self.settings.sp_degrees, num_heads, previous=self.groups,
                            next_generation=self.next_generation, cross_node=False)
         self.next_generation = diff.next_generation
+        dissolved = {group.name for group in diff.dissolved}
         for group in diff.dissolved:
             node = group.nodes[0]
             if node in self.agents:
                 self.agents[node].stop_group.remote(group.name)
-        self._collect([ref for ref, (_, name) in self.serving.items()
-                       if name in {g.name for g in diff.dissolved}], wait=True)
+        self._collect([ref for ref, (_, name) in self.serving.items() if name in dissolved],
+                      timeout_s=self.settings.agent_call_s)
         by_node: dict[str, list[SPGroup]] = {}
         for group in diff.formed:
             by_node.setdefault(group.nodes[0], []).append(group)
-        ray.get([self.agents[node].dissolve.remote([g.name for g in diff.dissolved if g.nodes[0] == node])
-                 for node in self.agents])
-        ray.get([self.agents[node].form_groups.remote(groups) for node, groups in by_node.items()])
-        for node, groups in by_node.items():
-            for group in groups:
+        self._ask({node: agent.dissolve.remote([g.name for g in diff.dissolved if g.nodes[0] == node])
+                   for node, agent in self.agents.items()})
+        formed = self._ask({node: self.agents[node].form_groups.remote(groups)
+                            for node, groups in by_node.items() if node in self.agents})
+        for node in formed:
+            if node not in self.agents:
+                continue
+            for group in by_node[node]:
                 ref = self.agents[node].serve.remote(self.queue, group.name, self.settings.min_step_s)
                 self.serving[ref] = (node, group.name)
+        # Groups on a node lost meanwhile stay in the plan: the next reconfiguration dissolves them.
         self.groups = list(diff.new_groups)
         if diff.changed:
             self.report.reconfigurations += 1
@@ -199,25 +266,74 @@ class ElasticSP:
                 log.write(json.dumps(record) + "\n")
         return diff
 
-    def _collect(self, refs: list[ray.ObjectRef], wait: bool) -> list[str]:
-        """Reap finished serve calls; returns the nodes whose group broke (lost a device)."""
-        broken = []
-        for ref in refs:
-            node, _ = self.serving.pop(ref)
+    # -- talking to agents ---------------------------------------------------------------------
+    def _ask(self, calls: Mapping[str, ray.ObjectRef]) -> dict[str, Any]:
+        """The answer of each node's agent to one call (node -> ref); nodes that are gone are lost and left out."""
+        answers = {}
+        deadline = self._now() + self.settings.agent_call_s
+        for node, ref in calls.items():
             try:
-                report = ray.get(ref, timeout=None if wait else 0)
-            except ray.exceptions.RayActorError:
-                continue  # the node went away under it; its leases come back by commit or expiry
+                answers[node] = ray.get(ref, timeout=max(0.0, deadline - self._now()))
+            except _AGENT_GONE as error:
+                self._lose(node, _one_line(error))
+        return answers
+
+    def _collect(self, refs: list[ray.ObjectRef], timeout_s: float) -> list[str]:
+        """Reap serve calls (waiting up to ``timeout_s`` in all); returns the nodes whose group broke.
+
+        A serve call whose agent died is a node loss; one that does not return in time (its node is
+        about to be removed) is dropped, and its request comes back by `_release_requests` or expiry.
+        """
+        broken = []
+        deadline = self._now() + timeout_s
+        for ref in refs:
+            entry = self.serving.pop(ref, None)
+            if entry is None:  # dropped meanwhile with the rest of its lost node's calls
+                continue
+            node = entry[0]
+            try:
+                report = ray.get(ref, timeout=max(0.0, deadline - self._now()))
+            except ray.exceptions.RayActorError as error:
+                self._lose(node, _one_line(error))
+                continue
+            except ray.exceptions.GetTimeoutError:
+                continue
             self.report.serve_reports.append(report)
             if report.stopped_by == "broken":
                 broken.append(node)
         return broken
 
+    def _lose(self, node_id: str, why: str) -> None:
+        """Count ``node_id`` as gone: out of the plan's agents, its requests back to the queue now."""
+        if (node_id in self.leaving and node_id not in self.agents) or any(n == node_id for n, _, _ in self.lost):
+            return  # preempted (already out of the plan), or its loss is already queued
+        self.agents.pop(node_id, None)
+        for ref, (node, _, _) in list(self.starting.items()):
+            if node == node_id:
+                del self.starting[ref]
+        for ref, (node, _) in list(self.serving.items()):
+            if node == node_id:
+                del self.serving[ref]
+        self._release_requests(node_id)
+        self.report.lost_nodes += 1
+        self.lost.append((node_id, why, self._now()))
+
+    def _release_requests(self, node_id: str) -> None:
+        """Send the requests leased to ``node_id``'s groups back to the queue from their last committed step."""
+        for group in self.groups:
+            if group.nodes[0] == node_id:
+                self.report.requeued += len(ray.get(self.queue.release.remote(f"{node_id}:{group.name}")))
+
     def _now(self) -> float:
         return self._clock()
 
     def shutdown(self) -> None:
-        ray.get([agent.shutdown.remote() for agent in self.agents.values()])
+        """Stop every agent's device processes (agents that are gone already are skipped)."""
+        self._ask({node: agent.shutdown.remote() for node, agent in self.agents.items()})
+
+
+def _one_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"[:160]
 
 
 def run_elastic_sp(
@@ -249,7 +365,7 @@ def run_elastic_sp(
             controller.remove_due_nodes()
             controller.poll_agents()
             time.sleep(settings.poll_s)
-        controller._collect(list(controller.serving), wait=True)
+        controller._collect(list(controller.serving), timeout_s=settings.agent_call_s)
     finally:
         controller.report.wall_s = time.monotonic() - started
         controller.report.queue_stats = ray.get(queue.stats.remote())

@@ -314,6 +314,19 @@ class RequestQueue:
         entry.result = _cpu_copy(result)
         return True
 
+    def release(self, worker_id: str) -> list[str]:
+        """Send every lease ``worker_id`` holds back to pending now; returns their ids.
+
+        For a worker known to be gone (its node died): its requests resume from their last committed
+        (latent, step) at once instead of after the lease timeout. Should the worker still be alive,
+        its later commits are stale and rejected, and its completion is kept only if it comes first,
+        so exactly-once holds either way.
+        """
+        held = sorted((self._entries[rid] for rid in self._leases.get(worker_id, ())), key=lambda e: e.order)
+        for entry in reversed(held):  # appendleft in reverse: they go first, in submission order
+            self._release(entry, front=True)
+        return [entry.request.request_id for entry in held]
+
     def expire(self, now: float | None = None) -> list[str]:
         """Send leases overdue at ``now`` (default: the clock) back to pending; returns their ids.
 
