@@ -327,6 +327,14 @@ class RequestQueue:
             self._release(entry, front=True)
         return [entry.request.request_id for entry in held]
 
+    def complete_many(self, worker_id: str, results: Sequence[tuple[str, torch.Tensor]]) -> list[bool]:
+        """`complete` for several requests at once; returns whether each was kept.
+
+        One call per denoising pass instead of one per request: over Ray each call is a round trip
+        that the device spends waiting instead of computing.
+        """
+        return [self.complete(worker_id, request_id, result) for request_id, result in results]
+
     def expire(self, now: float | None = None) -> list[str]:
         """Send leases overdue at ``now`` (default: the clock) back to pending; returns their ids.
 
@@ -388,6 +396,8 @@ class QueueClient(Protocol):
 
     def complete(self, worker_id: str, request_id: str, result: torch.Tensor) -> bool: ...
 
+    def complete_many(self, worker_id: str, results: Sequence[tuple[str, torch.Tensor]]) -> list[bool]: ...
+
     def remaining(self) -> int: ...
 
 
@@ -413,6 +423,9 @@ class RemoteQueue:
 
     def complete(self, worker_id: str, request_id: str, result: torch.Tensor) -> bool:
         return ray.get(self.handle.complete.remote(worker_id, request_id, result))
+
+    def complete_many(self, worker_id: str, results: Sequence[tuple[str, torch.Tensor]]) -> list[bool]:
+        return ray.get(self.handle.complete_many.remote(worker_id, list(results)))
 
     def remaining(self) -> int:
         return ray.get(self.handle.remaining.remote())
