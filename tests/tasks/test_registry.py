@@ -52,3 +52,10 @@ def test_training_refuses_a_base_model_of_another_task(tiny_base_model, tmp_path
     config = TrainConfig(task="ocr", mode="vanilla", base_checkpoint=str(tiny_base_model), run_dir=str(tmp_path))
     with pytest.raises(RunError, match="'shapes' model"):
         Trainer(config)
+
+
+def test_the_shipped_ocr_base_model_is_an_ocr_model_of_32x128_lines() -> None:
+    from spotlight.rl.checkpoint import load_model
+
+    model = load_model("ocr-base")
+    assert task_of(model) is TASKS["ocr"] and model.config.latent_shape == (3, 32, 128)
