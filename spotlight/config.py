@@ -37,7 +37,7 @@ class RolloutSection(Section):
     prompts_per_iteration: int = Field(16, ge=1)
     group_size: int = Field(8, ge=2)
     num_steps: int = Field(10, ge=1)
-    shift: float = Field(1.0, gt=0)
+    shift: float = Field(3.0, gt=0)  # SD3's shift: more steps at high noise, where layout is decided
     noise_level: float = Field(0.7, ge=0)
 
 
@@ -51,9 +51,9 @@ class TrainSection(Section):
     kl_beta: float = Field(0.004, ge=0)
     adv_std: Literal["group", "global"] = "group"
     adv_clip: float = Field(5.0, gt=0)
-    timestep_fraction: float = Field(0.5, gt=0, le=1)
-    timestep_selection: Literal["random", "early"] = "random"  # which ceil(fraction * K) steps are trained
-    num_minibatches: int = Field(2, ge=1)
+    timestep_fraction: float = Field(0.3, gt=0, le=1)
+    timestep_selection: Literal["random", "early"] = "early"  # which ceil(fraction * K) steps are trained
+    num_minibatches: int = Field(1, ge=1)
     ema_decay: float | None = Field(0.95, ge=0, lt=1)
 
 
