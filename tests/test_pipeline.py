@@ -153,3 +153,33 @@ def test_planner_grid_smaller_than_the_group_is_refused(tiny_base_model, tmp_pat
     data["explore"]["planner"] = {"num_candidates": [2, 8]}
     with pytest.raises(ConfigError, match="explore.planner.num_candidates"):
         parse_config(TrainConfig, data)
+
+
+def test_max_wall_s_ends_the_run_after_the_iteration_that_passes_it_validated_and_checkpointed(tiny_base_model,
+                                                                                                 tmp_path):
+    run_dir = tmp_path / "run"
+    trainer = Trainer(tiny_config(tiny_base_model, run_dir, iterations=5, checkpoint_every=10))
+    summary = trainer.run(max_wall_s=1e-9)
+    assert [r["iteration"] for r in summary.history] == [0, 1]
+    assert "val/strict_accuracy" in summary.history[-1]
+    assert (run_dir / "checkpoints" / "latest").read_text() == "iter-000001"
+
+
+def test_a_rollout_sampled_in_parts_scores_like_one_sampled_whole(tiny_base_model, tmp_path):
+    """What the runtime does with spot helpers: sample prompt groups on several devices, score them together."""
+    from spotlight.diffusion.sampler import Trajectory
+    from spotlight.pipeline import candidate_seeds, group_requests, rollout, rollout_plan, score_rollout
+    from spotlight.policy import generate
+
+    config = tiny_config(tiny_base_model, tmp_path / "run")
+    trainer = Trainer(config)
+    prompts = iteration_prompts(trainer.train_prompts, 0, 0, 2)
+    seeds = candidate_seeds(0, 0, 2, 3)
+    whole = rollout(trainer.model, prompts, seeds, config, trainer.reward)
+    parts = [generate(trainer.model, *group_requests([prompts[p]], seeds[p:p + 1]), rollout_plan(config))
+             for p in range(2)]
+    joined = Trajectory(torch.cat([t.latents for t in parts]), torch.cat([t.log_probs for t in parts]), 0)
+    split = score_rollout(trainer.model, prompts, seeds, joined, config, trainer.reward)
+    torch.testing.assert_close(split.batch.latents, whole.batch.latents, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(split.batch.advantages, whole.batch.advantages, rtol=1e-3, atol=1e-4)
+    assert split.metrics.keys() == whole.metrics.keys()

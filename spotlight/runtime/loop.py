@@ -289,7 +289,8 @@ class RayRuntime:
             del self.removals[node]
             self.cluster.remove_spot_node(node)
             with self.lock:
-                self.finished += self.pool.node_removed(node)
+                for lost in self.pool.node_removed(node):
+                    self._collect(lost)
         self.joining += [joined.node_id for joined in self.trace.returns()]
         for node in list(self.joining):
             try:
@@ -384,7 +385,8 @@ class RayRuntime:
         if self.mode == "sync-explore":
             self._open_round(iteration, iteration, record)
             waited = self.now()
-            self._close_round()
+            if self.round is not None:  # None: no plan fits (or no spot device): random seeds
+                self._close_round()
             record["time/explore_s"] = self.now() - waited
         explored, self.explored = self.explored, None
         if explored is None or explored.round.target != iteration:
