@@ -7,7 +7,8 @@ notice makes the node's group finish its step and hand its request back; the pla
 other groups (same generation) and forms new ones when nodes return. At the end every request must
 be done exactly once, and each result must match the same request denoised on one device (the run
 exits non-zero otherwise). A node whose agent dies without notice (its raylet starved of CPU) is a
-node loss, planned around and started again; the run reports how many.
+node loss, planned around and started again; the run reports how many, and kills one serving
+node without notice on purpose once two thirds of the requests are done (``--crash-after``).
 
 Run: nice -n 10 .venv/bin/python benchmarks/elastic_sp_run.py   (~3-4 min on 2 busy cores)
 Writes benchmarks/results/elastic_sp_run.json and the reconfiguration log
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -49,6 +51,23 @@ def random_model() -> TinyDiT:
     return model.eval()
 
 
+def crash_a_serving_node(queue: ray.actor.ActorHandle, nodes: LocalSpotNodes, after_done: int,
+                         crashed: list[str]) -> None:
+    """Once ``after_done`` requests are done, kill a node whose group holds a lease, telling no one.
+
+    The controller learns of it only from its calls to the node's agent (a node whose raylet died or
+    missed its heartbeats looks the same); the crashed node's name is appended to ``crashed``.
+    """
+    while ray.get(queue.stats.remote()).done < after_done:
+        time.sleep(0.2)
+    while not crashed and ray.get(queue.remaining.remote()):
+        holders = sorted(worker.partition(":")[0] for worker in ray.get(queue.leases_by_worker.remote()))
+        if holders:
+            nodes.crash(holders[0])
+            crashed.append(holders[0])
+        time.sleep(0.05)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=144)
@@ -60,8 +79,11 @@ def main() -> None:
     parser.add_argument("--out", default=str(RESULTS / "elastic_sp_run.json"))
     parser.add_argument("--log", default=str(RESULTS / "elastic_sp_reconfigurations.jsonl"))
     parser.add_argument("--timeout-s", type=float, default=2400.0, help="give up if the queue is not drained by then")
+    parser.add_argument("--crash-after", type=int, default=None, help="once this many requests are done, kill a "
+                        "serving node with no notice (default: two thirds of --requests; 0: never)")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    crash_after = args.requests * 2 // 3 if args.crash_after is None else args.crash_after
     trace = load_trace(default_trace_dir() / "aws-p3-bamboo.csv").clipped(args.nodes).window(0.0, args.window_s)
     settings = ElasticSPSettings(sp_degrees={CONFIG.image_size: 2}, devices_per_node=2, min_step_s=args.min_step_s)
     plan = SamplingPlan(num_steps=args.steps)
@@ -82,8 +104,11 @@ def main() -> None:
         ray.get(queue.submit.remote(requests))
         weights = ray.put(model_weights(model))
         replay = TraceReplay(trace, time_scale=args.time_scale, grace_s=1.0)
-        report = run_elastic_sp(queue, CONFIG, weights, replay, LocalSpotNodes(cluster), settings, args.log,
-                                timeout_s=args.timeout_s)
+        nodes, crashed = LocalSpotNodes(cluster), []
+        if crash_after:
+            threading.Thread(target=crash_a_serving_node, args=(queue, nodes, crash_after, crashed),
+                             daemon=True).start()
+        report = run_elastic_sp(queue, CONFIG, weights, replay, nodes, settings, args.log, timeout_s=args.timeout_s)
         results = ray.get(queue.results.remote())
     finally:
         ray.shutdown()
@@ -105,7 +130,8 @@ def main() -> None:
           f"{stats.expirations}")
     print(f"notices {report.notices} (trace removals replayed {replayed}), node joins {report.joins}, "
           f"removals {report.removals}, nodes lost without notice {report.lost_nodes} (requests requeued "
-          f"{report.requeued}), reconfigurations {report.reconfigurations}, wall {report.wall_s:.1f} s")
+          f"{report.requeued}; crashed on purpose: {crashed or 'none'}), reconfigurations {report.reconfigurations}, "
+          f"wall {report.wall_s:.1f} s")
     print(f"{'at s':>7} {'took s':>7}  cause -> groups")
     for record in log:
         groups = ", ".join(f"{g['name']}{g['members']}" for g in record["new_groups"]) or "(none)"
@@ -115,11 +141,13 @@ def main() -> None:
         "benchmark": "elastic_sp_run", "commit": git_commit(), "machine": machine(),
         "config": {"model": CONFIG.to_dict(), "requests": args.requests, "steps": args.steps, "nodes": args.nodes,
                    "trace": "aws-p3-bamboo.csv", "window_s": args.window_s, "time_scale": args.time_scale,
-                   "min_step_s": args.min_step_s, "sp_degree": 2, "devices_per_node": 2},
+                   "min_step_s": args.min_step_s, "sp_degree": 2, "devices_per_node": 2,
+                   "crash_after": crash_after},
         "done": stats.done, "submitted": stats.submitted, "lost": lost, "resumed": stats.resumed,
         "hand_backs": stats.commits, "expirations": stats.expirations,
         "duplicate_completions_ignored": stats.duplicate_completions, "notices": report.notices,
-        "joins": report.joins, "removals": report.removals, "lost_nodes": report.lost_nodes,
+        "joins": report.joins, "removals": report.removals, "crashed_without_notice": crashed,
+        "lost_nodes": report.lost_nodes,
         "requeued_from_lost_nodes": report.requeued, "reconfigurations": report.reconfigurations,
         "reconfiguration_s": [record["duration_s"] for record in log],
         "wall_s": report.wall_s, "max_abs_diff_vs_one_device": max_error, "reconfiguration_log": args.log,

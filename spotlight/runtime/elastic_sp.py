@@ -15,6 +15,7 @@ autoscaler and only ``start_agent`` is needed. `run_elastic_sp` drives a whole r
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,7 +29,8 @@ from spotlight.runtime.agent import NodeAgentActor, ServeReport
 from spotlight.runtime.preemption import TraceReplay
 from spotlight.runtime.reconfigure import PlanDiff, SPGroup, plan_groups
 
-__all__ = ["ElasticSP", "ElasticSPReport", "ElasticSPSettings", "LocalSpotNodes", "NodeProvider", "run_elastic_sp"]
+__all__ = ["ElasticSP", "ElasticSPReport", "ElasticSPSettings", "LocalSpotNodes", "NodeProvider", "run_elastic_sp",
+           "serve_until_drained"]
 
 
 @dataclass(frozen=True)
@@ -76,24 +78,32 @@ class LocalSpotNodes:
         self.cluster, self.cpus_per_node = cluster, cpus_per_node
         self._nodes: dict[str, Any] = {}
         self._incarnations = 0
+        self._lock = threading.Lock()  # `crash` comes from another thread than the controller's calls
 
     def start_agent(self, node_id: str, settings: ElasticSPSettings) -> Any:
         """Add the Ray node (without waiting for it) and start its agent pinned there; returns the handle."""
         self.remove(node_id)  # a node that crashed and is started again
-        self._incarnations += 1
-        resource = f"spot_{node_id}_{self._incarnations}"
-        self._nodes[node_id] = self.cluster.add_node(
-            wait=False, num_cpus=self.cpus_per_node, resources={"spot": 1, resource: 1}
-        )
+        with self._lock:
+            self._incarnations += 1
+            resource = f"spot_{node_id}_{self._incarnations}"
+            self._nodes[node_id] = self.cluster.add_node(
+                wait=False, num_cpus=self.cpus_per_node, resources={"spot": 1, resource: 1}
+            )
         return NodeAgentActor.options(num_cpus=0, resources={resource: 0.01}).remote(
             node_id, settings.devices_per_node, num_threads=settings.num_threads,
             collective_timeout_s=settings.collective_timeout_s,
         )
 
     def remove(self, node_id: str) -> None:
-        node = self._nodes.pop(node_id, None)
-        if node is not None:
-            self.cluster.remove_node(node, allow_graceful=False)
+        """Kill the node's processes at once (a spot node taken away when its deadline passes)."""
+        with self._lock:
+            node = self._nodes.pop(node_id, None)
+            if node is not None:
+                self.cluster.remove_node(node, allow_graceful=False)
+
+    def crash(self, node_id: str) -> None:
+        """Kill the node without telling the controller: how a run emulates a node that dies without notice."""
+        self.remove(node_id)
 
 
 @dataclass
@@ -154,6 +164,7 @@ class ElasticSP:
         self.groups: list[SPGroup] = []
         self.serving: dict[ray.ObjectRef, tuple[str, str]] = {}  # serve ref -> (node, group name)
         self.lost: list[tuple[str, str, float]] = []  # (node, why, when) not yet planned around
+        self._loaded: dict[ray.ObjectRef, Any] = {}  # starting agent's ready ref -> the weights it loads
         self.next_generation = 0
         self.report = ElasticSPReport()
 
@@ -161,7 +172,8 @@ class ElasticSP:
     def node_joined(self, node_id: str) -> None:
         """Start the node's agent; it enters the plan once its processes are up and hold the weights."""
         agent = self.nodes.start_agent(node_id, self.settings)
-        self.starting[agent.load_weights.remote(self.config.to_dict(), self.weights)] = (node_id, agent, self._now())
+        ready = agent.load_weights.remote(self.config.to_dict(), self.weights)
+        self.starting[ready], self._loaded[ready] = (node_id, agent, self._now()), self.weights
         self.report.joins += 1
 
     def node_noticed(self, node_id: str, deadline_s: float) -> None:
@@ -173,6 +185,7 @@ class ElasticSP:
         for ref, (node, _, _) in list(self.starting.items()):
             if node == node_id:  # noticed before it was ready: never planned, nothing to hand back
                 del self.starting[ref]
+                self._loaded.pop(ref, None)
         if agent is None:
             self.handle_losses()
             return
@@ -187,24 +200,64 @@ class ElasticSP:
             ready, _ = ray.wait(list(self.starting), num_returns=len(self.starting), timeout=0)
             for ref in ready:
                 node_id, agent, joined_at = self.starting.pop(ref)
+                loaded = self._loaded.pop(ref, None)
                 try:
                     ray.get(ref)
                 except ray.exceptions.RayError as error:  # died while starting, or its constructor failed
                     self._lose(node_id, f"agent failed to start: {_one_line(error)}")
                     continue
+                if loaded is not self.weights:  # new weights came while it started
+                    if not self._ask({node_id: agent.load_weights.remote(self.config.to_dict(), self.weights)}):
+                        continue
                 self.agents[node_id] = agent
                 self._reconfigure(f"join {node_id} (agent started in {self._now() - joined_at:.2f} s)", self._now())
             for ref, (node_id, _, joined_at) in list(self.starting.items()):
                 if self._now() - joined_at > self.settings.agent_start_s:
                     del self.starting[ref]
+                    self._loaded.pop(ref, None)
                     self._lose(node_id, f"agent did not start in {self.settings.agent_start_s:.0f} s")
+        self._reap_serving()
+        self.handle_losses()
+
+    def _reap_serving(self) -> None:
+        """Collect the serve calls that returned; a group that broke gets its lost devices replaced and re-formed."""
         if self.serving:
             done, _ = ray.wait(list(self.serving), num_returns=len(self.serving), timeout=0)
             for node_id in self._collect(done, timeout_s=0):
                 started = self._now()
                 if node_id in self.agents and self._ask({node_id: self.agents[node_id].replace_lost_devices.remote()}):
                     self._reconfigure(f"device lost on {node_id}", started)
+
+    def set_weights(self, weights: Any) -> float:
+        """Copy new weights (an ObjectRef of the state dict) into every agent's shared memory; returns seconds.
+
+        Call between batches, when no group is serving (the queue drained): a sample must not mix two
+        policies. Agents still starting load them once they are up.
+        """
+        if self.serving:
+            raise RuntimeError(f"set_weights while {len(self.serving)} groups are serving: call it once the "
+                               "queue is drained (run_elastic_sp returned), before submitting the next batch")
+        started = self._now()
+        self.weights = weights
+        config = self.config.to_dict()
+        self._ask({node: agent.load_weights.remote(config, weights) for node, agent in self.agents.items()})
         self.handle_losses()
+        return self._now() - started
+
+    def serve(self) -> None:
+        """Start every planned group that is not serving on the queue (after the next batch was submitted).
+
+        A group's serve call returns once it finds the queue empty, so a group that drained just before
+        new requests arrived is idle: `serve_until_drained` calls this on every tick.
+        """
+        self._reap_serving()
+        self.handle_losses()
+        busy = {name for _, name in self.serving.values()}
+        for group in self.groups:
+            node = group.nodes[0]
+            if group.name not in busy and node in self.agents:
+                self.serving[self.agents[node].serve.remote(self.queue, group.name, self.settings.min_step_s)] = (
+                    node, group.name)
 
     def remove_due_nodes(self) -> None:
         """Take away noticed nodes whose deadline passed (the trace's removal)."""
@@ -311,6 +364,7 @@ class ElasticSP:
         for ref, (node, _, _) in list(self.starting.items()):
             if node == node_id:
                 del self.starting[ref]
+                self._loaded.pop(ref, None)
         for ref, (node, _) in list(self.serving.items()):
             if node == node_id:
                 del self.serving[ref]
@@ -336,6 +390,27 @@ def _one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"[:160]
 
 
+def serve_until_drained(controller: ElasticSP, replay: TraceReplay | None, timeout_s: float = 600.0) -> None:
+    """Drive ``controller`` until its queue is empty: ``replay``'s node events, removals, agents, groups.
+
+    ``replay=None`` when the caller forwards node events itself (``node_joined`` / ``node_noticed``).
+    Raises TimeoutError if the queue is not drained in ``timeout_s``.
+    """
+    started = time.monotonic()
+    while ray.get(controller.queue.remaining.remote()) > 0:
+        if time.monotonic() - started > timeout_s:
+            raise TimeoutError(f"elastic SP run did not drain the queue in {timeout_s} s: raise timeout_s")
+        for joined in replay.returns() if replay is not None else ():
+            controller.node_joined(joined.node_id)
+        for notice in replay.poll() if replay is not None else ():
+            controller.node_noticed(notice.node_id, notice.deadline_s)
+        controller.remove_due_nodes()
+        controller.poll_agents()
+        controller.serve()
+        time.sleep(controller.settings.poll_s)
+    controller._collect(list(controller.serving), timeout_s=controller.settings.agent_call_s)
+
+
 def run_elastic_sp(
     queue: Any,
     model_config: TinyDiTConfig,
@@ -351,21 +426,13 @@ def run_elastic_sp(
     ``weights``: a Ray ObjectRef of the model's state dict (numpy arrays), loaded once per node into
     its agent's shared memory. Returns the `ElasticSPReport`; the JSONL log at ``log_path`` has one
     line per reconfiguration. Raises TimeoutError if the queue is not drained in ``timeout_s``.
+    A training loop keeps one `ElasticSP` for the whole run instead and, per batch, calls
+    ``set_weights``, submits, ``serve`` and `serve_until_drained`.
     """
     controller = ElasticSP(queue, model_config, weights, nodes, settings, log_path)
     started = time.monotonic()
     try:
-        while ray.get(queue.remaining.remote()) > 0:
-            if time.monotonic() - started > timeout_s:
-                raise TimeoutError(f"elastic SP run did not drain the queue in {timeout_s} s: raise timeout_s")
-            for joined in replay.returns():
-                controller.node_joined(joined.node_id)
-            for notice in replay.poll():
-                controller.node_noticed(notice.node_id, notice.deadline_s)
-            controller.remove_due_nodes()
-            controller.poll_agents()
-            time.sleep(settings.poll_s)
-        controller._collect(list(controller.serving), timeout_s=settings.agent_call_s)
+        serve_until_drained(controller, replay, timeout_s)
     finally:
         controller.report.wall_s = time.monotonic() - started
         controller.report.queue_stats = ray.get(queue.stats.remote())

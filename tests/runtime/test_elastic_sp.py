@@ -23,7 +23,7 @@ from local_ray_node import local_ray
 from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.models.tinydit import TinyDiTConfig
 from spotlight.runtime.agent import ServeReport
-from spotlight.runtime.elastic_sp import ElasticSP, ElasticSPSettings
+from spotlight.runtime.elastic_sp import ElasticSP, ElasticSPSettings, serve_until_drained
 from spotlight.runtime.queue import RemoteQueue, Request, start_queue_actor
 from spotlight.runtime.reconfigure import SPGroup
 
@@ -35,12 +35,17 @@ COMMITTED_STEP = 3
 class StandInAgent:
     """Answers like a `NodeAgent` with devices 0 and 1; ``serve`` leases one request, checkpoints it, waits."""
 
-    def __init__(self, node_id: str) -> None:
-        self.node_id = node_id
+    def __init__(self, node_id: str, finish: bool = False) -> None:
+        self.node_id, self.finish = node_id, finish
         self.stop: dict[str, threading.Event] = {}
+        self.weights: list[Any] = []
 
     def load_weights(self, config: dict[str, Any], weights: Any) -> float:
+        self.weights.append(weights)
         return 0.0
+
+    def loaded(self) -> list[Any]:
+        return self.weights
 
     def alive_devices(self) -> list[int]:
         return [0, 1]
@@ -55,6 +60,12 @@ class StandInAgent:
 
     def serve(self, queue: Any, group_name: str, min_step_s: float) -> ServeReport:
         worker_id, client = f"{self.node_id}:{group_name}", RemoteQueue(queue)
+        while self.finish and client.remaining():  # a finishing stand-in "denoises" to its weights' value
+            for lease in client.pull(worker_id, 1):
+                client.complete(worker_id, lease.request.request_id, torch.full(CONFIG.latent_shape, self.weights[-1]))
+            time.sleep(0.01)
+        if self.finish:
+            return ServeReport(group_name, "drained")
         for lease in client.pull(worker_id, 1):
             client.commit(worker_id, lease.request.request_id, torch.zeros(CONFIG.latent_shape), COMMITTED_STEP,
                           keep_lease=True)
@@ -78,12 +89,13 @@ class StandInAgent:
 class StandInNodes:
     """A node provider whose nodes are stand-in agents; remembers every agent it started."""
 
-    def __init__(self) -> None:
+    def __init__(self, finish: bool = False) -> None:
         self.started: list[tuple[str, Any]] = []
         self.removed: list[str] = []
+        self.finish = finish
 
     def start_agent(self, node_id: str, settings: ElasticSPSettings) -> Any:
-        self.started.append((node_id, StandInAgent.remote(node_id)))
+        self.started.append((node_id, StandInAgent.remote(node_id, self.finish)))
         return self.started[-1][1]
 
     def remove(self, node_id: str) -> None:
@@ -128,4 +140,33 @@ def test_a_dead_agent_is_a_node_loss_its_request_resumes_and_the_node_restarts(r
     assert "ActorDiedError" in lost[0]["cause"] or "ActorUnavailableError" in lost[0]["cause"]
     assert records[-1]["cause"].startswith("join n0") and records[-1]["formed"] == ["sp-gen2"]  # a new generation
     poll_until(controller, lambda: ray.get(queue.stats.remote()).resumed == 1)  # from its committed step
+    controller.shutdown()
+
+
+def test_one_controller_serves_batch_after_batch_each_with_the_weights_set_before_it(
+    ray_node: None, tmp_path: Path
+) -> None:
+    queue = start_queue_actor(lease_timeout_s=600.0)
+    plan, nodes = SamplingPlan(num_steps=8), StandInNodes(finish=True)
+    controller = ElasticSP(queue, CONFIG, 1.0, nodes, ElasticSPSettings(sp_degrees={16: 2}, agent_call_s=10.0),
+                           tmp_path / "reconfigurations.jsonl")
+    controller.node_joined("n0")
+    poll_until(controller, lambda: len(controller.agents) == 1)
+    for batch, weights in enumerate([1.0, 2.0]):
+        if batch:
+            controller.set_weights(weights)
+            controller.node_joined("n1")  # joins with the weights of this batch
+        ids = [f"b{batch}-{i}" for i in range(4)]
+        ray.get(queue.submit.remote([Request(rid, "a red circle", i, plan) for i, rid in enumerate(ids)]))
+        controller.serve()
+        serve_until_drained(controller, replay=None, timeout_s=20.0)
+        results = ray.get(queue.take_results.remote(ids))
+        assert sorted(results) == ids and all(torch.all(latent == weights) for latent in results.values())
+    poll_until(controller, lambda: len(controller.agents) == 2)
+    assert [ray.get(agent.loaded.remote()) for _, agent in nodes.started] == [[1.0, 2.0], [2.0]]
+    with pytest.raises(RuntimeError, match="groups are serving"):
+        ray.get(queue.submit.remote([Request("b2-0", "a red circle", 0, plan)]))
+        controller.serve()
+        controller.set_weights(3.0)
+    serve_until_drained(controller, replay=None, timeout_s=20.0)
     controller.shutdown()
