@@ -65,7 +65,13 @@ from spotlight.sim.convergence import ConvergenceConfig, SignalConfig, SignalMod
 from spotlight.sim.cost import POOLS, CostMeter, Phase, Pool, Usage
 from spotlight.sim.prices import Offering, PriceError, load_prices, price_override
 from spotlight.sim.traces import Availability, default_trace_dir, load_trace
-from spotlight.sim.workload import DeviceTimes, WorkloadConfig, device_times
+from spotlight.sim.workload import (
+    DeviceTimes,
+    WorkloadConfig,
+    device_times,
+    explore_cost_factor,
+    measured_device_times,
+)
 
 __all__ = [
     "MODES",
@@ -407,15 +413,19 @@ class _Simulation:
                 f"cluster.on_demand_devices ({self.cluster.on_demand_devices}) is below workload.sp_degree "
                 f"({sp}): no SP group fits; add on-demand devices or lower the SP degree"
             )
+        measured = workload.measured
         try:
             self.pools = _Pools(
-                od=device_times(workload, od_offering.gpus_per_machine),
-                spot=device_times(workload, spot_offering.gpus_per_machine),
+                od=device_times(workload, od_offering.gpus_per_machine) if measured is None
+                else measured_device_times(workload, measured.on_demand_sample_step_s),
+                spot=device_times(workload, spot_offering.gpus_per_machine) if measured is None
+                else measured_device_times(workload, measured.spot_sample_step_s),
                 od_devices=self.cluster.on_demand_devices,
                 od_usable=od_usable,
             )
         except ValueError as error:
             raise ConfigError(str(error)) from None
+        self.explore_cost = explore_cost_factor(workload)
         spot_devices = self.cluster.spot_devices if self.uses_spot else 0
         self.spot = SpotTimeline(trace, spot_devices, self.cluster.trace_time_scale, sp)
         self.meter = CostMeter(od_price, spot_price)
@@ -525,11 +535,12 @@ class _Simulation:
                 self.meter.book_window(pool, rented[pool], {phase: busy}, reconfiguring, lost)
 
     def _explore_work(self, plan: ExplorePlan) -> float:
-        return float(plan.num_candidates * plan.num_steps * self.config.loop.prompts_per_iteration)
+        """Return a plan's work in rollout sample-steps: candidate-steps × exploration's relative cost."""
+        return float(plan.num_candidates * plan.num_steps * self.config.loop.prompts_per_iteration) * self.explore_cost
 
     def _observe_cost(self, plan: ExplorePlan, outcome: _PhaseOutcome) -> None:
         """Tell the planner what the exploration cost: device-seconds of work and overheads."""
-        candidates_run = round(outcome.work_done / plan.num_steps)
+        candidates_run = round(outcome.work_done / self.explore_cost / plan.num_steps)
         if candidates_run < 1:
             return
         seconds = sum(outcome.busy_s.values()) + sum(outcome.reconfiguring_s.values()) + sum(outcome.lost_s.values())

@@ -55,6 +55,11 @@ Weight broadcast. After the update θ_{i+1} must reach the devices that roll out
 train (spot): a pipelined broadcast moves the trainable parameters' bytes once per link, so
 trainable · 2 bytes / link = 1.0 s for 20 B over 40 GB/s. A device that joins mid-phase copies the
 full weights from a peer the same way.
+
+Measured times. Where the devices exist (the runtime's local run), `WorkloadConfig.measured`
+replaces every derived time above with what the run measured (`MeasuredTimes`): the simulator then
+replays the same loop with the real per-step costs, which is how it is validated against the
+runtime (benchmarks/sim_vs_runtime.py).
 """
 
 from __future__ import annotations
@@ -66,8 +71,28 @@ from pydantic import Field
 from spotlight.config import Section
 
 __all__ = [
-    "DeviceTimes", "WorkloadConfig", "describe", "device_times", "forward_flops", "sp_comm_bytes", "tokens",
+    "DeviceTimes", "MeasuredTimes", "WorkloadConfig", "describe", "device_times", "explore_cost_factor",
+    "forward_flops", "measured_device_times", "sp_comm_bytes", "tokens",
 ]
+
+
+class MeasuredTimes(Section):
+    """Times measured on real devices, in seconds; given, they replace the FLOP-derived ones.
+
+    on_demand_sample_step_s / spot_sample_step_s: device-seconds per sample per denoising step of
+    a rollout on one device of each pool; explore_sample_step_s: the same for exploration on a spot
+    device (it runs through the queue in other batch sizes, so it may cost more or less per step;
+    None: as the spot rollout); train_s: wall time of one GRPO update of the whole rollout;
+    broadcast_s: handing θ_{i+1} to the spot devices, on the critical path; weight_copy_s: a
+    joining device loading the weights (None: broadcast_s).
+    """
+
+    on_demand_sample_step_s: float = Field(gt=0)
+    spot_sample_step_s: float = Field(gt=0)
+    explore_sample_step_s: float | None = Field(None, gt=0)
+    train_s: float = Field(gt=0)
+    broadcast_s: float = Field(0.0, ge=0)
+    weight_copy_s: float | None = Field(None, ge=0)
 
 
 class WorkloadConfig(Section):
@@ -96,6 +121,7 @@ class WorkloadConfig(Section):
     train_pass_factor: float = Field(3.0, gt=0)
     kl_reference: bool = True
     optimizer_steps: int = Field(1, ge=1)
+    measured: MeasuredTimes | None = None
 
 
 def tokens(config: WorkloadConfig) -> int:
@@ -139,7 +165,7 @@ class DeviceTimes:
     sp_efficiency: compute-only step time / step_s; train_sample_device_s: device-seconds of the
     GRPO update per sample; weight_copy_s: full weights from a peer over the network;
     broadcast_s: trainable weights to the rollout devices; uses_nvlink: whether SP groups fit in
-    one machine.
+    one machine; measured_train_s: the measured update time, which `train_s` returns as it is.
     """
 
     step_s: float
@@ -149,6 +175,7 @@ class DeviceTimes:
     weight_copy_s: float
     broadcast_s: float
     uses_nvlink: bool
+    measured_train_s: float | None = None
 
     def train_s(self, config: WorkloadConfig, num_samples: int, num_devices: int) -> float:
         """Return the wall time of one GRPO update of `num_samples` samples on `num_devices` trainers.
@@ -159,6 +186,8 @@ class DeviceTimes:
         """
         if num_devices < 1:
             raise ValueError(f"train_s: num_devices must be >= 1 (got {num_devices}); training runs on on-demand")
+        if self.measured_train_s is not None:
+            return self.measured_train_s
         compute = num_samples * self.train_sample_device_s / num_devices
         gradient_bytes = config.trainable_params * config.bytes_per_param
         all_reduce = 2.0 * (num_devices - 1) / num_devices * gradient_bytes / config.network_bandwidth
@@ -204,6 +233,37 @@ def device_times(config: WorkloadConfig, gpus_per_machine: int = 8) -> DeviceTim
         broadcast_s=config.trainable_params * config.bytes_per_param / config.network_bandwidth,
         uses_nvlink=uses_nvlink,
     )
+
+
+def measured_device_times(config: WorkloadConfig, sample_step_s: float) -> DeviceTimes:
+    """Return DeviceTimes of one pool from `config.measured`, whose sample-step time is `sample_step_s`.
+
+    A step of the batch on an SP group takes sample_step_s · batch / sp (the measured cost is per
+    sample per device, as the simulator counts work); train_sample_device_s is 0 because the update
+    time is measured whole (`MeasuredTimes.train_s`, see `DeviceTimes.train_s`). Raises ValueError
+    when `config.measured` is None.
+    """
+    measured = config.measured
+    if measured is None:
+        raise ValueError("measured_device_times: workload.measured is not set")
+    return DeviceTimes(
+        step_s=sample_step_s * config.batch_size / config.sp_degree,
+        sample_step_device_s=sample_step_s,
+        sp_efficiency=1.0,
+        train_sample_device_s=0.0,
+        weight_copy_s=measured.broadcast_s if measured.weight_copy_s is None else measured.weight_copy_s,
+        broadcast_s=measured.broadcast_s,
+        uses_nvlink=True,
+        measured_train_s=measured.train_s,
+    )
+
+
+def explore_cost_factor(config: WorkloadConfig) -> float:
+    """Return exploration's cost per sample-step relative to a spot rollout's (1 unless measured otherwise)."""
+    measured = config.measured
+    if measured is None or measured.explore_sample_step_s is None:
+        return 1.0
+    return measured.explore_sample_step_s / measured.spot_sample_step_s
 
 
 def describe(config: WorkloadConfig, gpus_per_machine: int = 8) -> dict[str, float]:

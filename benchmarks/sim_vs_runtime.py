@@ -1,0 +1,303 @@
+"""The simulator against the runtime: replay a measured local `spotlight train` run and compare.
+
+For each run directory (default: one made here by a short `spotlight train`), the simulator gets
+the run's own cluster, trace and measured times, simulates the same number of iterations in the
+same mode, and the two are compared on wall time of the loop (or time to a target accuracy when
+the run reached one), spot and on-demand utilisation, and spot utilisation during training.
+
+    nice -n 10 .venv/bin/python benchmarks/sim_vs_runtime.py                      # makes a run (8 iterations)
+    nice -n 10 .venv/bin/python benchmarks/sim_vs_runtime.py runs/train --target 0.25
+
+What is taken from the run (metrics.jsonl: per-iteration records; events.jsonl: the run's clock):
+- devices: 1 on-demand + runtime.num_spot_devices spot devices (one per logical node, SP 1);
+- trace: runtime.trace clipped to the spot nodes exactly as the runtime does (`Availability.clipped`),
+  scaled by runtime.time_scale, and windowed to start where the loop started: the run spends its
+  first seconds validating the base model while the trace already runs, and the simulator has no
+  validation phase. Validation after the first iteration (every eval.every) is not removed, so
+  runs longer than eval.every iterations drift against the trace by the validation time;
+- notice: runtime.grace_s (the runtime's notice → removal), elastic recovery with no re-forming cost
+  (SP 1: a survivor has nothing to re-form);
+- spot_sample_step_s: Σ spot `rollout` busy intervals / Σ their sample-steps; a helper's part is its
+  share of `np.array_split` of the P prompts over 1 + helpers (the runtime's static split), × G × T;
+- on_demand_sample_step_s: the same number. The on-demand device's own generation is not logged
+  apart from its scoring and waiting, and on this machine every logical device is one thread of
+  the same CPU; the table prints what helper-less iterations imply as a check;
+- explore_sample_step_s: Σ spot `explore` busy intervals in a round / the round's own
+  candidate-steps P · N · S · (1 − missed fraction), with (N, S) from the iteration the round
+  seeded. The staleness monitor's re-scoring rides in these intervals, so its cost is folded into
+  the cost per explored candidate-step (the simulator's planner then fills the budget with the
+  same total work as the runtime's, which subtracts the monitor from its budget);
+- train_s: mean time/train_s (the GRPO update; also the planner's budget in both);
+- broadcast_s: mean time/seeds_s, the critical-path hand-off of θ_i to the spot devices before the
+  rollout (in spotlight mode the seeds are ready, so this is the weight load); weight_copy_s: a
+  joining node's added → first weight load done.
+- the batch of the simulator's rollout padding is one prompt's group (G samples): the runtime splits
+  prompts statically, so the rollout lasts as long as the largest part, ⌈P / devices⌉ prompts.
+
+Measured, over the loop's windows [start, end] of each iteration (start = end − seeds − rollout −
+train − explore_wait, i.e. without validation and checkpoints between iterations): loop wall time =
+Σ window lengths; spot utilisation = busy / held spot device-seconds from events.jsonl (busy =
+rollout, explore and weight loads, as the runtime's ledger counts); on-demand utilisation =
+Σ util/on_demand × window / Σ window; spot utilisation while training = the same over
+[rollout end, train end]. The simulator's numbers use the same busy phases (its `broadcast` included
+for spot). Time to target: with --target, the first validation reaching it sets the iteration
+count; the simulated time is the simulated end of that iteration (the simulator's convergence
+law is not calibrated to this task, so the iteration count is taken from the run, and only the
+time per iteration is compared).
+
+Prints a table (measured, simulated, relative error) and writes benchmarks/results/sim_vs_runtime.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from provenance import REPO, RESULTS, git_commit, machine
+
+from spotlight.config import TrainConfig, load_config, parse_config
+from spotlight.runtime.loop import resolve_trace as runtime_trace
+from spotlight.sim.simulator import SimConfig, SimResult, SpotTimeline, simulate
+from spotlight.sim.traces import Availability, load_trace
+
+TOLERANCE = 0.15
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def overlap(intervals: list[tuple[float, float]], windows: list[tuple[float, float]]) -> float:
+    """Σ over intervals and windows of the length of their intersection."""
+    return sum(max(0.0, min(b, w1) - max(a, w0)) for a, b in intervals for w0, w1 in windows)
+
+
+class MeasuredRun:
+    """A runtime run directory: its config, per-iteration records and events on the run's clock."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.config = load_config(TrainConfig, run_dir / "config.yaml", [])
+        self.records = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("iteration", 0) >= 1
+                        and "time/iteration_s" in r]
+        self.validation = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "val/strict_accuracy" in r]
+        self.events = read_jsonl(run_dir / "events.jsonl")
+        if not self.records:
+            raise SystemExit(f"{run_dir}: no iteration records in metrics.jsonl; did the run finish an iteration?")
+        ends = np.cumsum([r["time/iteration_s"] for r in self.records])  # the runtime's clock: 0 = run start
+        loops = [r["time/seeds_s"] + r["time/rollout_s"] + r["time/train_s"] + r["time/explore_wait_s"]
+                 for r in self.records]
+        self.windows = [(float(e - loop), float(e)) for e, loop in zip(ends, loops, strict=True)]
+        self.train_windows = [(s + r["time/seeds_s"] + r["time/rollout_s"], e - r["time/explore_wait_s"])
+                              for (s, e), r in zip(self.windows, self.records, strict=True)]
+        self.busy = [(e["start"], e["end"], e["phase"], e["device"]) for e in self.events if e["kind"] == "busy"]
+        self.held = self._held()
+
+    def _held(self) -> list[tuple[float, float]]:
+        """Held intervals of the spot devices (one per node): node added → node removed (or the run's end)."""
+        end = self.windows[-1][1]
+        since: dict[str, float] = {}
+        held = []
+        for event in self.events:
+            if event["kind"] == "node_added":
+                since[event["node"]] = event["t"]
+            elif event["kind"] == "node_removed" and event["node"] in since:
+                held.append((since.pop(event["node"]), event["t"]))
+        return held + [(t, end) for t in since.values()]
+
+    def in_window(self, k: int, phase: str) -> list[tuple[float, float, str]]:
+        s, e = self.windows[k]
+        return [(a, b, device) for a, b, p, device in self.busy if p == phase and s - 1e-3 <= a < e]
+
+
+def measured_times(run: MeasuredRun) -> tuple[dict[str, float], dict[str, Any]]:
+    """The MeasuredTimes fields from the run (module docstring), and diagnostics behind them."""
+    config = run.config
+    prompts, group, steps = config.rollout.prompts_per_iteration, config.rollout.group_size, config.rollout.num_steps
+    rollout_s, rollout_work, implied_od = 0.0, 0, []
+    explore_s, explore_work = 0.0, 0.0
+    for k, record in enumerate(run.records):
+        parts = run.in_window(k, "rollout")
+        sizes = [len(part) for part in np.array_split(np.arange(prompts), 1 + len(parts))]
+        rollout_s += sum(b - a for a, b, _ in parts)
+        rollout_work += sum(sizes[1:]) * group * steps
+        if not parts:  # the on-demand device rolled out alone: an upper bound of its step (scoring included)
+            implied_od.append(record["time/rollout_s"] / (prompts * group * steps))
+        if k + 1 < len(run.records) and "planner/num_candidates" in run.records[k + 1]:
+            seeded = run.records[k + 1]
+            busy = run.in_window(k, "explore")
+            done = 1.0 - seeded.get("explore/missed_fraction", 0.0)
+            explore_s += sum(b - a for a, b, _ in busy)
+            explore_work += prompts * seeded["planner/num_candidates"] * seeded["planner/num_steps"] * done
+    if rollout_work == 0:
+        raise SystemExit(f"{run.run_dir}: no spot device helped a rollout; the spot step time cannot be measured")
+    sample_step = rollout_s / rollout_work
+    joins = []
+    for event in run.events:
+        if event["kind"] == "node_added" and event["t"] > 0:
+            loads = [b for a, b, p, _ in run.busy if p == "broadcast" and a >= event["t"]
+                     and any(e["node"] == event["node"] for e in run.events if e["kind"] == "busy" and e["end"] == b)]
+            if loads:
+                joins.append(min(loads) - event["t"])
+    fields = {
+        "on_demand_sample_step_s": sample_step,
+        "spot_sample_step_s": sample_step,
+        "explore_sample_step_s": explore_s / explore_work if explore_work > 0 else None,
+        "train_s": float(np.mean([r["time/train_s"] for r in run.records])),
+        "broadcast_s": float(np.mean([r["time/seeds_s"] for r in run.records])),
+        "weight_copy_s": float(np.mean(joins)) if joins else None,
+    }
+    diagnostics = {
+        "on_demand_step_implied_by_solo_rollouts_s": float(np.mean(implied_od)) if implied_od else None,
+        "train_s_range": [min(r["time/train_s"] for r in run.records), max(r["time/train_s"] for r in run.records)],
+        "explore_wait_s_mean": float(np.mean([r["time/explore_wait_s"] for r in run.records])),
+        "rollout_parts_timed": int(sum(len(run.in_window(k, "rollout")) for k in range(len(run.records)))),
+        "joins_timed": len(joins),
+    }
+    return fields, diagnostics
+
+
+def measured_outcome(run: MeasuredRun, iterations: int) -> dict[str, float]:
+    """Loop wall time and utilisation over the first `iterations` iterations (module docstring)."""
+    windows, train_windows = run.windows[:iterations], run.train_windows[:iterations]
+    busy = [(a, b) for a, b, _, _ in run.busy]
+    loop_s = sum(e - s for s, e in windows)
+    od_busy = sum(r["util/on_demand"] * (e - s) for r, (s, e) in zip(run.records, windows, strict=False))
+    return {
+        "loop_s": loop_s,
+        "util_spot": overlap(busy, windows) / max(1e-9, overlap(run.held, windows)),
+        "util_on_demand": od_busy / loop_s,
+        "util_spot_train_phase": overlap(busy, train_windows) / max(1e-9, overlap(run.held, train_windows)),
+        "mean_rollout_s": float(np.mean([r["time/rollout_s"] for r in run.records[:iterations]])),
+    }
+
+
+def sim_config(run: MeasuredRun, times: dict[str, float], iterations: int) -> tuple[SimConfig, Availability]:
+    """The SimConfig and trace of the run's loop (module docstring)."""
+    config, runtime = run.config, run.config.runtime
+    planner = config.explore.planner or runtime.planner
+    trace = load_trace(runtime_trace(runtime.trace)).clipped(runtime.num_spot_devices)
+    start_s = run.windows[0][0] / runtime.time_scale  # in trace seconds
+    trace = trace.window(start_s, trace.duration_s)
+    sim = parse_config(SimConfig, {
+        "mode": config.mode,
+        "seed": config.seed,
+        "cluster": {
+            "on_demand_devices": 1, "spot_devices": runtime.num_spot_devices,
+            "on_demand_instance": runtime.prices.instance, "spot_instance": runtime.prices.instance,
+            "trace": str(runtime.trace), "trace_time_scale": runtime.time_scale, "notice_s": runtime.grace_s,
+            "recovery": "elastic", "elastic_reconfigure_s": 0.0,
+        },
+        "workload": {"sp_degree": 1, "batch_size": config.rollout.group_size,
+                     "rollout_steps": config.rollout.num_steps, "measured": times},
+        "loop": {"prompts_per_iteration": config.rollout.prompts_per_iteration,
+                 "group_size": config.rollout.group_size, "max_iterations": iterations, "stop_at_target": False},
+        "planner": planner.model_dump(),
+    })
+    return sim, trace
+
+
+def simulated_outcome(result: SimResult, sim: SimConfig, trace: Availability, iterations: int) -> dict[str, float]:
+    """The same quantities as `measured_outcome`, from the simulation (busy phases as the runtime counts them)."""
+    records = result.timeline[:iterations]
+    spot = SpotTimeline(trace, sim.cluster.spot_devices, sim.cluster.trace_time_scale, 1)
+    usage = result.usage
+    spot_busy = sum(usage["spot"].device_seconds[p] for p in ("rollout", "explore", "broadcast"))
+    od_busy = sum(usage["on_demand"].device_seconds[p] for p in ("rollout", "train"))
+    train_held = sum(spot.live_device_seconds(r.end_s - r.broadcast_s - r.train_s, r.end_s - r.broadcast_s)
+                     for r in records)
+    return {
+        "loop_s": records[-1].end_s,
+        "util_spot": spot_busy / max(1e-9, usage["spot"].rented_device_s),
+        "util_on_demand": od_busy / max(1e-9, usage["on_demand"].rented_device_s),
+        "util_spot_train_phase": usage["spot"].device_seconds["explore"] / max(1e-9, train_held),
+        "mean_rollout_s": float(np.mean([r.rollout_s for r in records])),
+    }
+
+
+def make_run(run_dir: Path, iterations: int, extra: list[str]) -> None:
+    """A short `spotlight train` run in `run_dir` (replaced)."""
+    command = [str(REPO / ".venv" / "bin" / "spotlight"), "train", "-s", f"iterations={iterations}",
+               "-s", f"run_dir={run_dir}", *[arg for s in extra for arg in ("-s", s)]]
+    print("running:", " ".join(command), flush=True)
+    subprocess.run(command, check=True, cwd=REPO)
+
+
+def compare(run_dir: Path, target: float | None) -> dict[str, Any]:
+    run = MeasuredRun(run_dir)
+    iterations, reached = len(run.records), None
+    if target is not None:
+        reached = next((r["iteration"] for r in run.validation if r["iteration"] >= 1
+                        and r["val/strict_accuracy"] >= target), None)
+        iterations = reached or iterations
+    times, diagnostics = measured_times(run)
+    sim, trace = sim_config(run, times, iterations)
+    started = time.perf_counter()
+    result = simulate(sim, trace=trace)
+    simulate_s = time.perf_counter() - started
+    measured = measured_outcome(run, iterations)
+    simulated = simulated_outcome(result, sim, trace, iterations)
+    rows = {key: {"measured": measured[key], "simulated": simulated[key],
+                  "relative_error": (simulated[key] - measured[key]) / measured[key] if measured[key] else math.nan}
+            for key in measured}
+    return {
+        "run_dir": str(run_dir), "mode": run.config.mode, "iterations": iterations,
+        "time_measure": (f"time to target {target} (reached at iteration {reached})" if reached else
+                         f"time for {iterations} iterations" + (f" (target {target} not reached)" if target else "")),
+        "spot_devices": run.config.runtime.num_spot_devices, "trace": run.config.runtime.trace,
+        "time_scale": run.config.runtime.time_scale, "loop_start_s": run.windows[0][0],
+        "preemption_notices": sum(1 for e in run.events if e["kind"] == "preemption_notice"),
+        "simulated_spot_removed": sum(r.spot_removed for r in result.timeline),
+        "measured_times": times, "diagnostics": diagnostics, "comparison": rows,
+        "within_tolerance": all(abs(row["relative_error"]) <= TOLERANCE for key, row in rows.items()
+                                if key != "mean_rollout_s"),
+        "simulated_plans": [r.plan for r in result.timeline],
+        "measured_plans": [(r.get("planner/num_candidates"), r.get("planner/num_steps")) for r in run.records],
+        "simulate_s": simulate_s,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dirs", nargs="*", type=Path, help="measured runtime run directories")
+    parser.add_argument("--iterations", type=int, default=8, help="iterations of the run made when none is given")
+    parser.add_argument("--spot-devices", type=int, default=2, help="spot devices of the run made when none is given")
+    parser.add_argument("--new-run-dir", type=Path, default=Path("/tmp/sim_vs_runtime/run"))
+    parser.add_argument("--target", type=float, default=None, help="validation strict accuracy to time")
+    parser.add_argument("--set", "-s", action="append", default=[], help="extra overrides for the run made here")
+    args = parser.parse_args()
+    run_dirs = args.run_dirs
+    if not run_dirs:
+        make_run(args.new_run_dir, args.iterations, [f"runtime.num_spot_devices={args.spot_devices}", *args.set])
+        run_dirs = [args.new_run_dir]
+    reports = [compare(run_dir, args.target) for run_dir in run_dirs]
+    names = {"loop_s": "loop wall time (s)", "util_spot": "spot utilisation", "util_on_demand": "on-demand utilisation",
+             "util_spot_train_phase": "spot util. while training", "mean_rollout_s": "mean rollout (s)"}
+    for report in reports:
+        print(f"\n{report['run_dir']}: mode {report['mode']}, 1 on-demand + {report['spot_devices']} spot, "
+              f"{report['time_measure']}, {report['preemption_notices']} preemption notices measured, "
+              f"{report['simulated_spot_removed']} spot removals simulated")
+        print(f"{'quantity':<28} {'measured':>10} {'simulated':>10} {'rel. error':>10}")
+        for key, row in report["comparison"].items():
+            print(f"{names[key]:<28} {row['measured']:>10.3f} {row['simulated']:>10.3f} "
+                  f"{row['relative_error']:>+10.1%}")
+        times = report["measured_times"]
+        print("measured times:", {k: (round(v, 4) if v is not None else None) for k, v in times.items()})
+        print("within 15%:", report["within_tolerance"])
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / "sim_vs_runtime.json"
+    out.write_text(json.dumps({"commit": git_commit(), "machine": machine(), "args": {
+        **{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "run_dirs"},
+        "run_dirs": [str(p) for p in run_dirs]}, "tolerance": TOLERANCE, "runs": reports}, indent=2, default=str))
+    print(f"\nwrote {out.relative_to(REPO)}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
