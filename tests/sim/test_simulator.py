@@ -274,3 +274,43 @@ def test_a_1024_gpu_cluster_runs_100_iterations_of_a_12_hour_trace_in_seconds() 
     elapsed = time.perf_counter() - started
     assert result.iterations_run == 100
     assert elapsed < 15.0  # the target is 5 s (benchmarks/simulate_paper_scale.py measures it); CI is slower
+
+
+# --- measured step times (the runtime's local run) ----------------------------------------------
+
+
+def measured(mode: str, spot: int, explore_sample_step_s: float | None = None) -> SimConfig:
+    """1 on-demand device, 4 prompts × 4 samples × 10 steps, one prompt's group per request, measured times."""
+    return parse_config(SimConfig, {
+        "mode": mode,
+        "cluster": {"on_demand_devices": 1, "spot_devices": spot, "notice_s": 2.0},
+        "workload": {"sp_degree": 1, "batch_size": 4, "rollout_steps": 10, "measured": {
+            "on_demand_sample_step_s": 0.01, "spot_sample_step_s": 0.02, "explore_sample_step_s": explore_sample_step_s,
+            "train_s": 2.0, "broadcast_s": 0.5}},
+        "loop": {"prompts_per_iteration": 4, "group_size": 4, "max_iterations": 3, "stop_at_target": False},
+        "planner": {"num_candidates": [4, 8], "num_steps": [2, 4]},
+    })
+
+
+def test_measured_times_replace_the_derived_ones() -> None:
+    # vanilla: 16 samples × 10 steps × 0.01 s on the one device, then the measured 2 s update.
+    result = simulate(measured("vanilla", spot=0), trace=STEADY)
+    first = result.timeline[0]
+    assert first.rollout_s == pytest.approx(1.6) and first.train_s == 2.0 and first.end_s == pytest.approx(3.6)
+    # spot-rollout, one spot device at 0.02 s: 4 requests over 2 devices = 2 whole rounds, so the
+    # 160 sample-steps run at 1/0.01 + 1/0.02 = 150 a second; then the update and the 0.5 s broadcast.
+    result = simulate(measured("spot-rollout", spot=1), trace=STEADY)
+    first = result.timeline[0]
+    assert first.rollout_s == pytest.approx(160 / 150)
+    assert first.end_s == pytest.approx(160 / 150 + 2.0 + 0.5)
+    # two spot devices: 3 groups, so 4 requests pad to 2 rounds of 3 (240 sample-steps) at 100 + 2·50 a second.
+    assert simulate(measured("spot-rollout", spot=2), trace=STEADY).timeline[0].rollout_s == pytest.approx(240 / 200)
+
+
+def test_measured_exploration_cost_scales_the_exploration_time() -> None:
+    # spotlight's first round calibrates with the cheapest arm, N=4 × S=2 × 4 prompts = 32 candidate-steps
+    # on 2 spot devices: 32 · 0.02 / 2 = 0.32 s as a rollout step costs, twice that at 0.04 s a step.
+    same = simulate(measured("spotlight", spot=2), trace=STEADY).timeline[0]
+    costly = simulate(measured("spotlight", spot=2, explore_sample_step_s=0.04), trace=STEADY).timeline[0]
+    assert same.explore_s == pytest.approx(0.32)
+    assert costly.explore_s == pytest.approx(0.64)
