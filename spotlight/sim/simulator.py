@@ -125,12 +125,22 @@ class ClusterConfig(Section):
 
 
 class LoopConfig(Section):
-    """The GRPO loop's shape: P prompts × G samples per iteration, and when to stop."""
+    """The GRPO loop's shape: P prompts × G samples per iteration, and when to stop.
+
+    explore_wait_s (spotlight): how long the trainer waits, after training, for an exploration
+    round that has not finished, before cancelling the rest (the runtime's `runtime.explore_wait_s`,
+    default 15 s there); 0 cuts exploration off when training ends. initial_budget_s: the planner's
+    budget for the first round, before any update has been timed (the runtime's
+    `explore.initial_budget_s`); None: the training time. Later rounds get the previous update's
+    time, as in the runtime.
+    """
 
     prompts_per_iteration: int = Field(32, ge=1)
     group_size: int = Field(16, ge=2)
     max_iterations: int = Field(1000, ge=1)
     stop_at_target: bool = True
+    explore_wait_s: float = Field(0.0, ge=0)
+    initial_budget_s: float | None = Field(None, gt=0)
 
 
 class SimConfig(Section):
@@ -278,7 +288,10 @@ class IterationRecord:
     """One iteration of the simulated loop. Times in seconds from the start of the run.
 
     sync_explore_s: exploration on the critical path (sync-explore only); explore_s: spot
-    exploration hidden behind training (spotlight only; ≤ train_s); plan: the (N, S) plan whose
+    exploration from the start of training (spotlight only; ≤ train_s + loop.explore_wait_s);
+    explore_wait_s: the trainer's wait after training, for the round past training (idle on
+    on-demand) and for scoring its candidates on on-demand (the runtime's `time/explore_wait_s`);
+    spot_explore_train_s: spot device-seconds of exploration while the trainer trained; plan: the (N, S) plan whose
     seeds this rollout used, None for random seeds; explored_prompts: prompts whose seeds it chose;
     group_std / random_std: the realised mean group reward std and what random seeds would have
     given; progress: cumulative fraction of the way to the target after this iteration; dollars:
@@ -291,6 +304,8 @@ class IterationRecord:
     rollout_s: float
     train_s: float
     explore_s: float
+    explore_wait_s: float
+    spot_explore_train_s: float
     broadcast_s: float
     end_s: float
     spot_live: int
@@ -413,19 +428,12 @@ class _Simulation:
                 f"cluster.on_demand_devices ({self.cluster.on_demand_devices}) is below workload.sp_degree "
                 f"({sp}): no SP group fits; add on-demand devices or lower the SP degree"
             )
-        measured = workload.measured
+        self.gpus_per_machine = (od_offering.gpus_per_machine, spot_offering.gpus_per_machine)
+        self.od_usable = od_usable
         try:
-            self.pools = _Pools(
-                od=device_times(workload, od_offering.gpus_per_machine) if measured is None
-                else measured_device_times(workload, measured.on_demand_sample_step_s),
-                spot=device_times(workload, spot_offering.gpus_per_machine) if measured is None
-                else measured_device_times(workload, measured.spot_sample_step_s),
-                od_devices=self.cluster.on_demand_devices,
-                od_usable=od_usable,
-            )
+            self._use_times(workload)
         except ValueError as error:
             raise ConfigError(str(error)) from None
-        self.explore_cost = explore_cost_factor(workload)
         spot_devices = self.cluster.spot_devices if self.uses_spot else 0
         self.spot = SpotTimeline(trace, spot_devices, self.cluster.trace_time_scale, sp)
         self.meter = CostMeter(od_price, spot_price)
@@ -435,8 +443,29 @@ class _Simulation:
             self.alpha, self.alpha_source = resolve_convergence(config.convergence)
         except ValueError as error:
             raise ConfigError(f"convergence.measured: {error}") from None
-        self.samples = config.loop.prompts_per_iteration * config.loop.group_size
+
+    def _use_times(self, workload: WorkloadConfig) -> None:
+        """Set the pools' device times, the training time and exploration's cost from `workload`."""
+        measured = workload.measured
+        od_gpus, spot_gpus = self.gpus_per_machine
+        self.pools = _Pools(
+            od=device_times(workload, od_gpus) if measured is None
+            else measured_device_times(workload, measured.on_demand_sample_step_s),
+            spot=device_times(workload, spot_gpus) if measured is None
+            else measured_device_times(workload, measured.spot_sample_step_s),
+            od_devices=self.cluster.on_demand_devices,
+            od_usable=self.od_usable,
+        )
+        self.explore_cost = explore_cost_factor(workload)
+        self.samples = self.config.loop.prompts_per_iteration * self.config.loop.group_size
         self.train_s = self.pools.od.train_s(workload, self.samples, self.cluster.on_demand_devices)
+        self.score_candidate_s = 0.0 if measured is None else measured.score_candidate_s
+
+    def _use_iteration_times(self, iteration: int) -> None:
+        """Replay iteration `iteration`'s own measured times when the workload has them (`MeasuredTimes.at`)."""
+        measured = self.config.workload.measured
+        if measured is not None and measured.per_iteration is not None:
+            self._use_times(self.config.workload.model_copy(update={"measured": measured.at(iteration)}))
 
     # --- phases ------------------------------------------------------------------------------
     def _phase_overheads(
@@ -546,6 +575,35 @@ class _Simulation:
         seconds = sum(outcome.busy_s.values()) + sum(outcome.reconfiguring_s.values()) + sum(outcome.lost_s.values())
         self.planner.observe_cost(plan, seconds, candidates_run, plan.num_steps)
 
+    def _explore_behind(self, t0: float, train_end: float, plan: ExplorePlan) -> tuple[int, float, float, float]:
+        """Explore `plan` on spot from t0 while the trainer trains until `train_end`, as the runtime's
+        `_open_round` / `_close_round` do; book it and return (prompts explored, exploration time,
+        the trainer's wait after training, spot device-seconds explored during training).
+
+        Past `train_end` the trainer waits for the round until `train_end + loop.explore_wait_s`
+        (idle on-demand time; the spot devices go on exploring), then cancels what is left; then it
+        scores every candidate of the round on the on-demand pool (measured `score_candidate_s`
+        device-seconds each), the spot devices idling. Prompts count as explored in proportion to
+        the work done.
+        """
+        loop = self.config.loop
+        prompts = loop.prompts_per_iteration
+        work = self._explore_work(plan)
+        during = self._run_phase(t0, work, work, plan.num_steps, False, train_end)
+        self._book(t0, train_end, "explore", during, "train")
+        outcome, closed = during, train_end
+        left = work - during.work_done
+        if left > 1e-9 * work and loop.explore_wait_s > 0:
+            after = self._run_phase(train_end, left, left, plan.num_steps, False, train_end + loop.explore_wait_s)
+            self._book(train_end, after.end_s, "explore", after, None)
+            outcome, closed = _joined(during, after), after.end_s
+        self._observe_cost(plan, outcome)
+        score_s = self.score_candidate_s * prompts * plan.num_candidates / self.pools.od_usable
+        if score_s > 0:
+            self._book(closed, closed + score_s, "explore", None, "explore")
+        explored = math.floor(prompts * outcome.work_done / work + 1e-9)
+        return explored, outcome.end_s - t0, closed - train_end + score_s, during.busy_s["spot"]
+
     # --- the loop ----------------------------------------------------------------------------
     def run(self) -> SimResult:
         config = self.config
@@ -562,14 +620,18 @@ class _Simulation:
         reached_at: IterationRecord | None = None
         next_plan: ExplorePlan | None = None  # spotlight: plan explored during the previous training
         next_explored = 0
+        budget_s = None  # the planner's budget: the previous update's time, as the runtime's Trainer.budget_s
         for iteration in range(loop.max_iterations):
+            self._use_iteration_times(iteration)
+            if budget_s is None:
+                budget_s = loop.initial_budget_s if loop.initial_budget_s is not None else self.train_s
             start = t
             spot_live = self.spot.live_at(t) if self.uses_spot else 0
             # 1. sync-explore: explore P_i with fresh θ_i on every device, on the critical path.
             plan, explored, stale, sync_s = None, 0, False, 0.0
             if self.mode == "sync-explore":
                 devices = self.pools.od_usable + (self.spot.usable_at(t) if self.uses_spot else 0)
-                decision = self.planner.choose(self.train_s, devices, prompts)
+                decision = self.planner.choose(budget_s, devices, prompts)
                 if decision.plan is not None:
                     plan = decision.plan
                     work = self._explore_work(plan)
@@ -592,25 +654,23 @@ class _Simulation:
             ratio = signal.group_std / signal.random_std if signal.random_std > 0 else 1.0
             progress += ratio**self.alpha / config.convergence.vanilla_iterations
 
-            # 3. train θ_i → θ_{i+1} on on-demand; spotlight explores P_{i+1} on spot meanwhile.
+            # 3. train θ_i → θ_{i+1} on on-demand; spotlight explores P_{i+1} on spot meanwhile (not in
+            # the last iteration: nothing would use it), waits for it and scores it (`_explore_behind`).
             train_end = t + self.train_s
-            explore_s = 0.0
+            explore_s, wait_s, spot_explore_train_s = 0.0, 0.0, 0.0
             next_plan, next_explored = None, 0
-            if self.mode == "spotlight" and self.uses_spot:
-                decision = self.planner.choose(self.train_s, self.spot.usable_at(t), prompts)
+            if self.mode == "spotlight" and self.uses_spot and iteration + 1 < loop.max_iterations:
+                decision = self.planner.choose(budget_s, self.spot.usable_at(t), prompts)
                 if decision.plan is not None:
                     next_plan = decision.plan
-                    work = self._explore_work(next_plan)
-                    outcome = self._run_phase(t, work, work, next_plan.num_steps, False, train_end)
-                    self._observe_cost(next_plan, outcome)
-                    next_explored = math.floor(prompts * outcome.work_done / work + 1e-9)
-                    explore_s = outcome.end_s - t
-                    self._book(t, train_end, "explore", outcome, "train")
+                    next_explored, explore_s, wait_s, spot_explore_train_s = self._explore_behind(
+                        t, train_end, next_plan)
                 else:
                     self._book(t, train_end, "explore", None, "train")
             else:
                 self._book(t, train_end, "train", None, "train")
-            t = train_end
+            budget_s = self.train_s
+            t = train_end + wait_s
 
             # 4. broadcast θ_{i+1} to the spot devices (the trainer already holds it).
             broadcast_s = self.pools.spot.broadcast_s if self.uses_spot else 0.0
@@ -626,6 +686,8 @@ class _Simulation:
                 rollout_s=rollout_s,
                 train_s=self.train_s,
                 explore_s=explore_s,
+                explore_wait_s=wait_s,
+                spot_explore_train_s=spot_explore_train_s,
                 broadcast_s=broadcast_s,
                 end_s=t,
                 spot_live=spot_live,
@@ -658,6 +720,17 @@ class _Simulation:
             alpha_source=self.alpha_source,
             prices_per_gpu_hour=dict(self.prices),
         )
+
+
+def _joined(first: _PhaseOutcome, second: _PhaseOutcome) -> _PhaseOutcome:
+    """One phase run in two pieces, `second` right after `first`: its end and summed bookings."""
+    return _PhaseOutcome(
+        end_s=second.end_s,
+        work_done=first.work_done + second.work_done,
+        busy_s={pool: first.busy_s[pool] + second.busy_s[pool] for pool in POOLS},
+        reconfiguring_s={pool: first.reconfiguring_s[pool] + second.reconfiguring_s[pool] for pool in POOLS},
+        lost_s={pool: first.lost_s[pool] + second.lost_s[pool] for pool in POOLS},
+    )
 
 
 class _Stalled(RuntimeError):

@@ -71,9 +71,19 @@ from pydantic import Field
 from spotlight.config import Section
 
 __all__ = [
-    "DeviceTimes", "MeasuredTimes", "WorkloadConfig", "describe", "device_times", "explore_cost_factor",
-    "forward_flops", "measured_device_times", "sp_comm_bytes", "tokens",
+    "DeviceTimes", "IterationTimes", "MeasuredTimes", "WorkloadConfig", "describe", "device_times",
+    "explore_cost_factor", "forward_flops", "measured_device_times", "sp_comm_bytes", "tokens",
 ]
+
+
+class IterationTimes(Section):
+    """One iteration's measured times; a field left None keeps the run's mean (`MeasuredTimes`)."""
+
+    on_demand_sample_step_s: float | None = Field(None, gt=0)
+    spot_sample_step_s: float | None = Field(None, gt=0)
+    explore_sample_step_s: float | None = Field(None, gt=0)
+    train_s: float | None = Field(None, gt=0)
+    broadcast_s: float | None = Field(None, ge=0)
 
 
 class MeasuredTimes(Section):
@@ -84,7 +94,12 @@ class MeasuredTimes(Section):
     device (it runs through the queue in other batch sizes, so it may cost more or less per step;
     None: as the spot rollout); train_s: wall time of one GRPO update of the whole rollout;
     broadcast_s: handing θ_{i+1} to the spot devices, on the critical path; weight_copy_s: a
-    joining device loading the weights (None: broadcast_s).
+    joining device loading the weights (None: broadcast_s); score_candidate_s: on-demand seconds
+    to score one explored candidate when a round closes (the runtime decodes and rewards every
+    candidate on the trainer after training; the staleness monitor's re-scores are folded in).
+    per_iteration: iteration i's own times (`IterationTimes`; the last entry past the end) in place
+    of the means — a replay of one run whose machine changed speed while it ran, so that the loop's
+    decisions can be compared without that noise. None: every iteration takes the means.
     """
 
     on_demand_sample_step_s: float = Field(gt=0)
@@ -93,6 +108,15 @@ class MeasuredTimes(Section):
     train_s: float = Field(gt=0)
     broadcast_s: float = Field(0.0, ge=0)
     weight_copy_s: float | None = Field(None, ge=0)
+    score_candidate_s: float = Field(0.0, ge=0)
+    per_iteration: list[IterationTimes] | None = Field(None, min_length=1)
+
+    def at(self, iteration: int) -> MeasuredTimes:
+        """Return the times of `iteration` (0-based): its `per_iteration` entry over the means."""
+        if self.per_iteration is None:
+            return self
+        entry = self.per_iteration[min(iteration, len(self.per_iteration) - 1)]
+        return self.model_copy(update=entry.model_dump(exclude_none=True))
 
 
 class WorkloadConfig(Section):

@@ -13,6 +13,7 @@ from spotlight.explore.planner import Decision, ExplorationPlanner
 from spotlight.sim.prices import load_prices
 from spotlight.sim.simulator import SimConfig, SpotTimeline, cheapest_mix, price_sources, simulate
 from spotlight.sim.traces import Availability, NodeEvent, poisson_trace
+from spotlight.sim.workload import IterationTimes
 
 # Independent of the workload module: Qwen-Image at 1280², one guided step = 2 forwards of
 # 24·60·3072²·6528 + 4·60·6528²·3072 FLOPs at 40% of 989 TFLOP/s (test_workload checks the sum).
@@ -314,3 +315,77 @@ def test_measured_exploration_cost_scales_the_exploration_time() -> None:
     costly = simulate(measured("spotlight", spot=2, explore_sample_step_s=0.04), trace=STEADY).timeline[0]
     assert same.explore_s == pytest.approx(0.32)
     assert costly.explore_s == pytest.approx(0.64)
+
+
+def overrunning(explore_wait_s: float, iterations: int = 2) -> SimConfig:
+    """`measured("spotlight", 2)` with exploration 12.5× a rollout step (0.25 s) and 0.01 s to score a candidate."""
+    config = measured("spotlight", spot=2, explore_sample_step_s=0.25)
+    workload = config.workload.model_copy(update={
+        "measured": config.workload.measured.model_copy(update={"score_candidate_s": 0.01})})
+    loop = config.loop.model_copy(update={"explore_wait_s": explore_wait_s, "max_iterations": iterations})
+    return config.model_copy(update={"workload": workload, "loop": loop})
+
+
+def test_the_trainer_waits_for_an_overrunning_round_then_scores_it() -> None:
+    # Iteration 0: rollout 240 padded sample-steps at 100 + 2·50 a second = 1.2 s; then the 2 s update,
+    # while the first round (the cheapest arm, 4 candidates × 2 steps × 4 prompts = 32 candidate-steps at
+    # 0.25 device-s each = 8 device-s) runs on 2 spot devices for 4 s: 2 s past training, within the
+    # 5 s wait. The trainer idles those 2 s, then scores 4 · 4 candidates at 0.01 s: 0.16 s; then the
+    # 0.5 s broadcast.
+    first, second = simulate(overrunning(explore_wait_s=5.0), trace=STEADY).timeline
+    assert first.explore_s == pytest.approx(4.0)
+    assert first.explore_wait_s == pytest.approx(2.0 + 0.16)
+    assert first.spot_explore_train_s == pytest.approx(2 * 2.0)  # both spot devices through the 2 s update
+    assert first.end_s == second.start_s == pytest.approx(1.2 + 2.0 + 2.16 + 0.5)
+    assert second.explored_prompts == 4
+    # The last iteration opens no round (nothing would use it): no exploration, no wait.
+    assert second.explore_s == second.explore_wait_s == 0.0
+    assert second.end_s == pytest.approx(second.start_s + 1.2 + 2.0 + 0.5)
+
+
+def test_the_waiting_trainer_is_idle_on_demand_time() -> None:
+    # On-demand over both iterations: in each rollout it works 160 of the 240 padded sample-steps' share,
+    # 160 · (100 / 200) / 100 = 0.8 s of 1.2 s (0.4 s idle); 2 s idle waiting for the round; 0.16 s scoring.
+    result = simulate(overrunning(explore_wait_s=5.0), trace=STEADY)
+    on_demand = result.usage["on_demand"].device_seconds
+    assert on_demand["idle"] == pytest.approx(0.4 + 2.0 + 0.4)
+    assert on_demand["explore"] == pytest.approx(0.16)
+    assert on_demand["train"] == pytest.approx(2 * 2.0)
+
+
+@pytest.mark.parametrize(("explore_wait_s", "explored", "waited_s"), [(1.0, 3, 1.0), (0.0, 2, 0.0)])
+def test_a_round_past_the_wait_is_cancelled_and_seeds_what_it_finished(
+    explore_wait_s: float, explored: int, waited_s: float
+) -> None:
+    # The round needs 4 s from the start of the 2 s update; cancelled at 2 s + the wait, it has done
+    # (2 + wait) / 4 of its work, so floor(4 prompts × that) prompts get explored seeds.
+    first, second = simulate(overrunning(explore_wait_s), trace=STEADY).timeline
+    assert first.explore_s == pytest.approx(2.0 + explore_wait_s)
+    assert first.explore_wait_s == pytest.approx(waited_s + 0.16)
+    assert second.explored_prompts == explored
+
+
+def test_per_iteration_times_replay_each_iteration_and_the_budget_is_the_previous_update(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    budgets: list[float] = []
+    original = ExplorationPlanner.choose
+
+    def recording(self: ExplorationPlanner, budget_s: float, num_devices: int, num_prompts: int) -> Decision:
+        budgets.append(budget_s)
+        return original(self, budget_s, num_devices, num_prompts)
+
+    monkeypatch.setattr(ExplorationPlanner, "choose", recording)
+    config = measured("spotlight", spot=2)
+    times = config.workload.measured.model_copy(update={"per_iteration": [
+        IterationTimes(train_s=3.0),
+        IterationTimes(train_s=6.0, on_demand_sample_step_s=0.02, spot_sample_step_s=0.04)]})
+    config = config.model_copy(update={
+        "workload": config.workload.model_copy(update={"measured": times}),
+        "loop": config.loop.model_copy(update={"initial_budget_s": 5.0})})
+    timeline = simulate(config, trace=STEADY).timeline
+    # The third iteration repeats the last entry; unset fields keep the means (0.01 s, 0.02 s).
+    assert [r.train_s for r in timeline] == [3.0, 6.0, 6.0]
+    assert timeline[0].rollout_s == pytest.approx(240 / 200)
+    assert timeline[1].rollout_s == pytest.approx(240 / (50 + 2 * 25))  # twice as slow a machine
+    assert budgets == [5.0, 3.0]  # the runtime's initial budget, then the update just timed; none in the last
