@@ -30,7 +30,10 @@ What is taken from the run (metrics.jsonl: per-iteration records; events.jsonl: 
 - train_s: mean time/train_s (the GRPO update; also the planner's budget in both);
 - broadcast_s: mean time/seeds_s, the critical-path hand-off of θ_i to the spot devices before the
   rollout (in spotlight mode the seeds are ready, so this is the weight load); weight_copy_s: a
-  joining node's added → first weight load done.
+  joining node's added → its first weight load done, over the nodes up before their next removal.
+  The runtime's device loads the current weights as soon as it is up (`SpotPool.poll`), not at the
+  next iteration, so this is the device's start-up (a Ray worker process, imports, the model) plus
+  one load; the simulator makes a joining device unusable, and billed, for that long.
 - score_candidate_s: per round, the trainer's time/explore_wait_s less the round's overrun (its last
   explore busy interval's end − training's end, if later), over the round's P · N candidates: the
   time `_close_round` takes to score them (the monitor's re-scores folded in);
@@ -158,10 +161,12 @@ def measured_times(run: MeasuredRun) -> tuple[dict[str, float], dict[str, Any]]:
     sample_step = rollout_s / rollout_work
     joins = []
     for event in run.events:
-        if event["kind"] == "node_added" and event["t"] > 0:
-            loads = [b for a, b, p, _ in run.busy if p == "broadcast" and a >= event["t"]
-                     and any(e["node"] == event["node"] for e in run.events if e["kind"] == "busy" and e["end"] == b)]
-            if loads:
+        if event["kind"] == "node_added" and event["t"] > 0:  # this incarnation: up to the node's next removal
+            gone = min((e["t"] for e in run.events if e["kind"] == "node_removed" and e["node"] == event["node"]
+                        and e["t"] > event["t"]), default=math.inf)
+            loads = [e["end"] for e in run.events if e["kind"] == "busy" and e["phase"] == "broadcast"
+                     and e["node"] == event["node"] and event["t"] <= e["start"] < gone]
+            if loads:  # a node removed before it was up never loaded: no start-up to time
                 joins.append(min(loads) - event["t"])
     score_s, scored = 0.0, 0
     for k, record in enumerate(run.records):

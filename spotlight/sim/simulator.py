@@ -37,12 +37,12 @@ overheads are computed (`_phase_overheads`): a preemption takes whole SP groups 
 one machine); with a notice at least one denoising step long, the in-flight request finishes its
 step and commits, so it loses at most one step; without one, the work since its last commit (on
 average half a request) is lost. Recovery is `elastic` (per-node agents re-form the hit groups in
-`elastic_reconfigure_s`; a joining device copies the weights from a peer) or `cold` (a static
-process group: every removal stalls the whole phase's pool for `cold_restart_s`; a joining device
-cold-starts on its own). The on-demand pool is never preempted. Spot events while the pool idles
-(training in spot-rollout and sync-explore) or receives weights cost nothing: a device that joins
-then gets θ_{i+1} with the broadcast. Billing: every live spot device from its start to its
-preemption in the modes that rent spot; vanilla rents none.
+`elastic_reconfigure_s`; a joining device is billed from its join and adds capacity only once it
+holds the weights, `weight_copy_s` later) or `cold` (a static process group: every removal stalls
+the whole phase's pool for `cold_restart_s`; a joining device cold-starts on its own). The
+on-demand pool is never preempted. Removals while the pool idles (training in spot-rollout and
+sync-explore) or receives weights cost nothing. Billing: every live spot device from its start to
+its preemption in the modes that rent spot; vanilla rents none.
 """
 
 from __future__ import annotations
@@ -248,6 +248,27 @@ class SpotTimeline:
         """Return the totals over change points in [t0, t1) of removed, groups_hit, removal_points,
         usable_after_removal and added devices."""
         return {name: self._events_before(t1, name) - self._events_before(t0, name) for name in self._events}
+
+    def joining_device_seconds(self, t0: float, t1: float, ready_after_s: float) -> float:
+        """Return Σ over devices added at τ of |[τ, τ + ready_after_s] ∩ [t0, t1]|: the device-seconds
+        inside [t0, t1] that joining devices are live (billed) but not yet able to work.
+
+        A device that joins is usable `ready_after_s` later (start-up and weights), so it adds no
+        capacity before then, however the phases fall. A device preempted before it is ready is
+        counted to τ + ready_after_s (an upper bound of its unusable time). The devices live at the
+        start of the run (point 0 of period 0) were ready before it began.
+        """
+        if ready_after_s <= 0 or t1 <= t0:
+            return 0.0
+        low = max(0.0, t0 - ready_after_s)  # a join before this is ready by t0
+        joined = np.flatnonzero(self._events["added"])
+        total = 0.0
+        for k in range(math.floor(low / self.period_s), math.floor(t1 / self.period_s) + 1):
+            at = k * self.period_s + self.tau[joined]
+            keep = (at >= low) & (at < t1) & ~((k == 0) & (joined == 0))
+            overlap = np.minimum(at[keep] + ready_after_s, t1) - np.maximum(at[keep], t0)
+            total += float(np.sum(self._events["added"][joined[keep]] * np.maximum(overlap, 0.0)))
+        return total
 
     def _events_before(self, t: float, name: str) -> int:
         if t <= 0:
@@ -478,8 +499,12 @@ class _Simulation:
         its current step and commits, losing at most that step (counted as the whole step, an upper
         bound); without, it loses the work since its last commit — its start, as a request commits
         only on a notice or when done — on average half a request. Elastic recovery: the hit groups'
-        survivors re-form in elastic_reconfigure_s (charged to the whole group, an upper bound) and
-        each joining device copies the weights from a peer and joins in elastic_reconfigure_s.
+        survivors re-form in elastic_reconfigure_s (charged to the whole group, an upper bound), and
+        a joining device is billed from its join but works only once it holds the weights,
+        weight_copy_s + elastic_reconfigure_s later (the runtime's device starts, loads the current
+        weights as soon as it is up and then takes queued work): what is charged to [t0, t1) is the
+        part of that wait inside it (`SpotTimeline.joining_device_seconds`), never a whole copy to a
+        phase that ends first, and the part before t0 belongs to the phases before.
         Cold recovery: each removal time stalls every device of the phase for cold_restart_s (one
         static process group), and each joining device cold-starts for cold_restart_s.
         """
@@ -491,9 +516,10 @@ class _Simulation:
         lost: dict[Pool, float] = {"on_demand": 0.0, "spot": events["groups_hit"] * sp * per_group_lost_s}
         reconfiguring: dict[Pool, float] = {"on_demand": 0.0, "spot": 0.0}
         if cluster.recovery == "elastic":
+            ready_after_s = self.pools.spot.weight_copy_s + cluster.elastic_reconfigure_s
             reconfiguring["spot"] = (
                 events["groups_hit"] * sp * cluster.elastic_reconfigure_s
-                + events["added"] * (self.pools.spot.weight_copy_s + cluster.elastic_reconfigure_s)
+                + self.spot.joining_device_seconds(t0, t1, ready_after_s)
             )
         else:
             reconfiguring["spot"] = (events["usable_after_removal"] + events["added"]) * cluster.cold_restart_s

@@ -308,6 +308,37 @@ def test_measured_times_replace_the_derived_ones() -> None:
     assert simulate(measured("spot-rollout", spot=2), trace=STEADY).timeline[0].rollout_s == pytest.approx(240 / 200)
 
 
+def test_a_joining_device_is_unusable_until_ready_and_counts_only_inside_the_phase() -> None:
+    # One device joins at 2 (a period of 20) and again at 22: ready 3 s later, each join is
+    # 3 device-s of waiting, split between the phases it overlaps.
+    spot = SpotTimeline(trace_of([(2.0, "add", "a")], 20.0), spot_devices=1, time_scale=1.0, sp_degree=1)
+    assert spot.joining_device_seconds(0.0, 20.0, 3.0) == pytest.approx(3.0)
+    assert spot.joining_device_seconds(3.0, 4.0, 3.0) == pytest.approx(1.0)  # [2, 5] ∩ [3, 4]
+    assert spot.joining_device_seconds(4.0, 30.0, 3.0) == pytest.approx(1.0 + 3.0)  # [4, 5] and [22, 25]
+    assert spot.joining_device_seconds(5.0, 22.0, 3.0) == 0.0
+
+
+@pytest.mark.parametrize(("weight_copy_s", "rollout_s"), [(10.0, 1.6), (0.5, 1.4)])
+def test_a_device_joining_mid_rollout_adds_capacity_only_once_it_holds_the_weights(
+    weight_copy_s: float, rollout_s: float
+) -> None:
+    # spot-rollout, no spot device at the start: 4 requests on the on-demand device alone, 160
+    # sample-steps at 100 a second = 1.6 s. A spot device (50 a second) joins at 0.5 and is ready at
+    # 0.5 + weight_copy_s. With 10 s it is never ready in the rollout: 1.6 s, not the 160 + 10·50
+    # sample-steps of a whole copy charged to it (4.57 s). With 0.5 s it helps from 1.0 on:
+    # 100·t + 50·(t − 1.0) = 160 → t = 1.4. Either way it is billed from 0.5.
+    config = measured("spot-rollout", spot=1)
+    times = config.workload.measured.model_copy(update={"weight_copy_s": weight_copy_s})
+    config = config.model_copy(update={
+        "workload": config.workload.model_copy(update={"measured": times}),
+        "cluster": config.cluster.model_copy(update={"elastic_reconfigure_s": 0.0})})
+    result = simulate(config, trace=trace_of([(0.5, "add", "a")], 1e6))
+    first = result.timeline[0]
+    assert first.rollout_s == pytest.approx(rollout_s)
+    assert first.end_s == pytest.approx(rollout_s + 2.0 + 0.5)
+    assert result.usage["spot"].rented_device_s == pytest.approx(result.simulated_s - 0.5)
+
+
 def test_measured_exploration_cost_scales_the_exploration_time() -> None:
     # spotlight's first round calibrates with the cheapest arm, N=4 × S=2 × 4 prompts = 32 candidate-steps
     # on 2 spot devices: 32 · 0.02 / 2 = 0.32 s as a rollout step costs, twice that at 0.04 s a step.
