@@ -22,11 +22,12 @@ What is taken from the run (metrics.jsonl: per-iteration records; events.jsonl: 
 - on_demand_sample_step_s: the same number. The on-demand device's own generation is not logged
   apart from its scoring and waiting, and on this machine every logical device is one thread of
   the same CPU; the table prints what helper-less iterations imply as a check;
-- explore_sample_step_s: Σ spot `explore` busy intervals in a round / the round's own
-  candidate-steps P · N · S · (1 − missed fraction), with (N, S) from the iteration the round
-  seeded. The staleness monitor's re-scoring rides in these intervals, so its cost is folded into
-  the cost per explored candidate-step (the simulator's planner then fills the budget with the
-  same total work as the runtime's, which subtracts the monitor from its budget);
+- explore_sample_step_s: Σ spot `explore` busy intervals in a round / the round's candidate-steps:
+  its own P · N · S · (1 − missed fraction), with (N, S) from the iteration the round seeded, plus
+  the staleness monitor's explore.monitor_prompts · N' · S' with the previous round's plan (N', S')
+  (`round_work`). The simulator queues the same monitor work in its rounds and, as the runtime,
+  takes its predicted time off the planner's budget (`round_budget`) and tells the planner the
+  cost only of rounds that finished;
 - train_s: mean time/train_s (the GRPO update; also the planner's budget in both);
 - broadcast_s: mean time/seeds_s, the critical-path hand-off of θ_i to the spot devices before the
   rollout (in spotlight mode the seeds are ready, so this is the weight load); weight_copy_s: a
@@ -137,6 +138,20 @@ class MeasuredRun:
         return [(a, b, device) for a, b, p, device in self.busy if p == phase and s - 1e-3 <= a < e]
 
 
+def round_work(run: MeasuredRun, k: int) -> float:
+    """Candidate-steps done by the round opened in iteration k (it seeds k + 1): its own, less the
+    missed fraction, plus the staleness monitor's re-score of the previous round's first prompts
+    with that round's plan (queued after the own candidates, so counted only when none was missed)."""
+    prompts, seeded = run.config.rollout.prompts_per_iteration, run.records[k + 1]
+    missed = seeded.get("explore/missed_fraction", 0.0)
+    work = prompts * seeded["planner/num_candidates"] * seeded["planner/num_steps"] * (1.0 - missed)
+    previous = run.records[k]
+    if "planner/num_candidates" in previous and missed == 0.0:
+        shown = min(run.config.explore.monitor_prompts, prompts)
+        work += shown * previous["planner/num_candidates"] * previous["planner/num_steps"]
+    return work
+
+
 def measured_times(run: MeasuredRun) -> tuple[dict[str, float], dict[str, Any]]:
     """The MeasuredTimes fields from the run (module docstring), and diagnostics behind them."""
     config = run.config
@@ -151,11 +166,8 @@ def measured_times(run: MeasuredRun) -> tuple[dict[str, float], dict[str, Any]]:
         if not parts:  # the on-demand device rolled out alone: an upper bound of its step (scoring included)
             implied_od.append(record["time/rollout_s"] / (prompts * group * steps))
         if k + 1 < len(run.records) and "planner/num_candidates" in run.records[k + 1]:
-            seeded = run.records[k + 1]
-            busy = run.in_window(k, "explore")
-            done = 1.0 - seeded.get("explore/missed_fraction", 0.0)
-            explore_s += sum(b - a for a, b, _ in busy)
-            explore_work += prompts * seeded["planner/num_candidates"] * seeded["planner/num_steps"] * done
+            explore_s += sum(b - a for a, b, _ in run.in_window(k, "explore"))
+            explore_work += round_work(run, k)
     if rollout_work == 0:
         raise SystemExit(f"{run.run_dir}: no spot device helped a rollout; the spot step time cannot be measured")
     sample_step = rollout_s / rollout_work
@@ -206,9 +218,7 @@ def per_iteration_times(run: MeasuredRun) -> list[dict[str, float | None]]:
         sample_step = sum(b - a for a, b, _ in parts) / rollout_work if parts else None
         explore_step = None
         if k + 1 < len(run.records) and "planner/num_candidates" in run.records[k + 1]:
-            seeded = run.records[k + 1]
-            work = (prompts * seeded["planner/num_candidates"] * seeded["planner/num_steps"]
-                    * (1.0 - seeded.get("explore/missed_fraction", 0.0)))
+            work = round_work(run, k)
             busy = sum(b - a for a, b, _ in run.in_window(k, "explore"))
             explore_step = busy / work if work > 0 and busy > 0 else None
         entries.append({"on_demand_sample_step_s": sample_step, "spot_sample_step_s": sample_step,
@@ -253,7 +263,8 @@ def sim_config(run: MeasuredRun, times: dict[str, Any], iterations: int) -> tupl
                      "rollout_steps": config.rollout.num_steps, "measured": times},
         "loop": {"prompts_per_iteration": config.rollout.prompts_per_iteration,
                  "group_size": config.rollout.group_size, "max_iterations": iterations, "stop_at_target": False,
-                 "explore_wait_s": runtime.explore_wait_s, "initial_budget_s": config.explore.initial_budget_s},
+                 "explore_wait_s": runtime.explore_wait_s, "initial_budget_s": config.explore.initial_budget_s,
+                 "monitor_prompts": config.explore.monitor_prompts},
         "planner": planner.model_dump(),
     })
     return sim, trace

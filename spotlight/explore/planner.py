@@ -20,7 +20,7 @@ from pydantic import Field, field_validator
 
 from spotlight.schema import Section
 
-__all__ = ["Decision", "ExplorationPlanner", "ExplorePlan", "PlannerConfig", "plan_grid"]
+__all__ = ["Decision", "ExplorationPlanner", "ExplorePlan", "PlannerConfig", "plan_grid", "round_budget"]
 
 Sampler = Literal["sde", "ode"]
 
@@ -309,6 +309,22 @@ class ExplorationPlanner:
                 f"S in {list(self.config.num_steps)}, sampler {self.config.sampler!r})"
             )
         return index
+
+
+def round_budget(
+    planner: ExplorationPlanner, budget_s: float, num_devices: int, monitor: tuple[ExplorePlan, int] | None
+) -> float:
+    """Return the seconds a round may spend on its own candidates: `budget_s` less the planner's
+    predicted time for the staleness monitor's re-score riding in the same round.
+
+    monitor: (the previous round's plan, how many of its prompts are re-scored), or None. The
+    monitor's work shares the devices and the training time, so the planner must size the round to
+    what is left (never below 0). The runtime (`RayRuntime._open_round`) and the simulator both call this.
+    """
+    if monitor is None or num_devices == 0:
+        return budget_s
+    plan, num_prompts = monitor
+    return max(0.0, budget_s - planner.predicted_time(plan, num_devices, num_prompts))
 
 
 def _dominates(a: ExplorePlan, b: ExplorePlan) -> bool:

@@ -40,7 +40,7 @@ from ray.exceptions import GetTimeoutError, RayError
 from spotlight.config import TrainConfig
 from spotlight.diffusion.sampler import SamplingPlan, Trajectory
 from spotlight.explore.candidates import score_latents
-from spotlight.explore.planner import ExplorationPlanner, ExplorePlan
+from spotlight.explore.planner import ExplorationPlanner, ExplorePlan, round_budget
 from spotlight.pipeline import (
     Exploration,
     RunError,
@@ -439,10 +439,8 @@ class RayRuntime:
         with self.lock:
             devices = len(self.pool.devices())
         monitor = self.pending_monitor if self.mode == "spotlight" else None
-        budget = trainer.budget_s
-        if monitor is not None and devices:
-            monitor_s = trainer.planner.predicted_time(monitor["plan"], devices, len(monitor["prompts"]))
-            budget = max(0.0, budget - monitor_s)
+        budget = round_budget(trainer.planner, trainer.budget_s, devices,
+                              None if monitor is None else (monitor["plan"], len(monitor["prompts"])))
         decision = trainer.planner.choose(budget, num_devices=devices, num_prompts=len(prompts))
         plan_metrics = {"planner/budget_s": trainer.budget_s, "planner/predicted_s": decision.predicted_time_s,
                         "planner/feasible_arms": float(len(decision.feasible_arms)), "planner/spot_devices": devices}

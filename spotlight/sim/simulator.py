@@ -60,7 +60,7 @@ import torch
 from pydantic import Field, model_validator
 
 from spotlight.config import ConfigError, Section
-from spotlight.explore.planner import ExplorationPlanner, ExplorePlan, PlannerConfig
+from spotlight.explore.planner import ExplorationPlanner, ExplorePlan, PlannerConfig, round_budget
 from spotlight.sim.convergence import ConvergenceConfig, SignalConfig, SignalModel, resolve_convergence
 from spotlight.sim.cost import POOLS, CostMeter, Phase, Pool, Usage
 from spotlight.sim.prices import Offering, PriceError, load_prices, price_override
@@ -132,7 +132,10 @@ class LoopConfig(Section):
     default 15 s there); 0 cuts exploration off when training ends. initial_budget_s: the planner's
     budget for the first round, before any update has been timed (the runtime's
     `explore.initial_budget_s`); None: the training time. Later rounds get the previous update's
-    time, as in the runtime.
+    time, as in the runtime. monitor_prompts (spotlight): the staleness monitor's re-score, as the
+    runtime's `explore.monitor_prompts` (4 there; 0 = none): each round also re-scores that many of
+    the previous round's prompts with its plan, after its own candidates, and the planner's budget
+    is reduced by its predicted time (`round_budget`).
     """
 
     prompts_per_iteration: int = Field(32, ge=1)
@@ -141,6 +144,7 @@ class LoopConfig(Section):
     stop_at_target: bool = True
     explore_wait_s: float = Field(0.0, ge=0)
     initial_budget_s: float | None = Field(None, gt=0)
+    monitor_prompts: int = Field(0, ge=0)
 
 
 class SimConfig(Section):
@@ -589,19 +593,25 @@ class _Simulation:
                 busy = min(outcome.busy_s[pool], rented[pool] - reconfiguring - lost)
                 self.meter.book_window(pool, rented[pool], {phase: busy}, reconfiguring, lost)
 
-    def _explore_work(self, plan: ExplorePlan) -> float:
-        """Return a plan's work in rollout sample-steps: candidate-steps × exploration's relative cost."""
-        return float(plan.num_candidates * plan.num_steps * self.config.loop.prompts_per_iteration) * self.explore_cost
+    def _explore_work(self, plan: ExplorePlan, num_prompts: int | None = None) -> float:
+        """Return a plan's work on `num_prompts` prompts (default: an iteration's) in rollout
+        sample-steps: candidate-steps × exploration's relative cost."""
+        prompts = self.config.loop.prompts_per_iteration if num_prompts is None else num_prompts
+        return float(plan.num_candidates * plan.num_steps * prompts) * self.explore_cost
 
-    def _observe_cost(self, plan: ExplorePlan, outcome: _PhaseOutcome) -> None:
-        """Tell the planner what the exploration cost: device-seconds of work and overheads."""
-        candidates_run = round(outcome.work_done / self.explore_cost / plan.num_steps)
-        if candidates_run < 1:
+    def _observe_cost(self, plan: ExplorePlan, outcome: _PhaseOutcome, own_work: float) -> None:
+        """Tell the planner what a round cost, as the runtime's `_close_round` does: only for a round
+        whose own candidates all finished, the devices' busy seconds times its own share of the work
+        (the rest is the monitor's), over all its candidates."""
+        if outcome.work_done < own_work * (1 - 1e-9):
             return
-        seconds = sum(outcome.busy_s.values()) + sum(outcome.reconfiguring_s.values()) + sum(outcome.lost_s.values())
-        self.planner.observe_cost(plan, seconds, candidates_run, plan.num_steps)
+        seconds = sum(outcome.busy_s.values()) * own_work / outcome.work_done
+        self.planner.observe_cost(plan, seconds, plan.num_candidates * self.config.loop.prompts_per_iteration,
+                                  plan.num_steps)
 
-    def _explore_behind(self, t0: float, train_end: float, plan: ExplorePlan) -> tuple[int, float, float, float]:
+    def _explore_behind(
+        self, t0: float, train_end: float, plan: ExplorePlan, monitor: tuple[ExplorePlan, int] | None
+    ) -> tuple[int, float, float, float]:
         """Explore `plan` on spot from t0 while the trainer trains until `train_end`, as the runtime's
         `_open_round` / `_close_round` do; book it and return (prompts explored, exploration time,
         the trainer's wait after training, spot device-seconds explored during training).
@@ -609,12 +619,14 @@ class _Simulation:
         Past `train_end` the trainer waits for the round until `train_end + loop.explore_wait_s`
         (idle on-demand time; the spot devices go on exploring), then cancels what is left; then it
         scores every candidate of the round on the on-demand pool (measured `score_candidate_s`
-        device-seconds each), the spot devices idling. Prompts count as explored in proportion to
-        the work done.
+        device-seconds each), the spot devices idling. The monitor's re-score (`monitor`: the
+        previous plan, its prompts) is queued after the round's own candidates. Prompts count as
+        explored in proportion to the own work done.
         """
         loop = self.config.loop
         prompts = loop.prompts_per_iteration
-        work = self._explore_work(plan)
+        own = self._explore_work(plan)
+        work = own + (0.0 if monitor is None else self._explore_work(*monitor))
         during = self._run_phase(t0, work, work, plan.num_steps, False, train_end)
         self._book(t0, train_end, "explore", during, "train")
         outcome, closed = during, train_end
@@ -623,11 +635,11 @@ class _Simulation:
             after = self._run_phase(train_end, left, left, plan.num_steps, False, train_end + loop.explore_wait_s)
             self._book(train_end, after.end_s, "explore", after, None)
             outcome, closed = _joined(during, after), after.end_s
-        self._observe_cost(plan, outcome)
+        self._observe_cost(plan, outcome, own)
         score_s = self.score_candidate_s * prompts * plan.num_candidates / self.pools.od_usable
         if score_s > 0:
             self._book(closed, closed + score_s, "explore", None, "explore")
-        explored = math.floor(prompts * outcome.work_done / work + 1e-9)
+        explored = math.floor(prompts * min(outcome.work_done, own) / own + 1e-9)
         return explored, outcome.end_s - t0, closed - train_end + score_s, during.busy_s["spot"]
 
     # --- the loop ----------------------------------------------------------------------------
@@ -647,6 +659,7 @@ class _Simulation:
         next_plan: ExplorePlan | None = None  # spotlight: plan explored during the previous training
         next_explored = 0
         budget_s = None  # the planner's budget: the previous update's time, as the runtime's Trainer.budget_s
+        monitor: tuple[ExplorePlan, int] | None = None  # spotlight: the re-score riding in the next round
         for iteration in range(loop.max_iterations):
             self._use_iteration_times(iteration)
             if budget_s is None:
@@ -663,7 +676,7 @@ class _Simulation:
                     work = self._explore_work(plan)
                     outcome = self._run_phase(t, work, work, plan.num_steps, True, math.inf)
                     self._book(t, outcome.end_s, "explore", outcome, None)
-                    self._observe_cost(plan, outcome)
+                    self._observe_cost(plan, outcome, work)
                     sync_s, t, explored = outcome.end_s - t, outcome.end_s, prompts
             elif self.mode == "spotlight":
                 plan, explored, stale = next_plan, next_explored, True
@@ -686,12 +699,16 @@ class _Simulation:
             explore_s, wait_s, spot_explore_train_s = 0.0, 0.0, 0.0
             next_plan, next_explored = None, 0
             if self.mode == "spotlight" and self.uses_spot and iteration + 1 < loop.max_iterations:
-                decision = self.planner.choose(budget_s, self.spot.usable_at(t), prompts)
+                devices = self.spot.usable_at(t)
+                decision = self.planner.choose(round_budget(self.planner, budget_s, devices, monitor), devices, prompts)
                 if decision.plan is not None:
                     next_plan = decision.plan
                     next_explored, explore_s, wait_s, spot_explore_train_s = self._explore_behind(
-                        t, train_end, next_plan)
+                        t, train_end, next_plan, monitor)
+                    shown = min(loop.monitor_prompts, prompts)
+                    monitor = (next_plan, shown) if shown > 0 else None
                 else:
+                    monitor = None
                     self._book(t, train_end, "explore", None, "train")
             else:
                 self._book(t, train_end, "train", None, "train")

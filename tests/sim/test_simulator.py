@@ -420,3 +420,45 @@ def test_per_iteration_times_replay_each_iteration_and_the_budget_is_the_previou
     assert timeline[0].rollout_s == pytest.approx(240 / 200)
     assert timeline[1].rollout_s == pytest.approx(240 / (50 + 2 * 25))  # twice as slow a machine
     assert budgets == [5.0, 3.0]  # the runtime's initial budget, then the update just timed; none in the last
+
+
+def test_the_monitor_rides_in_the_round_and_its_predicted_time_leaves_the_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    budgets: list[float] = []
+    original = ExplorationPlanner.choose
+
+    def recording(self: ExplorationPlanner, budget_s: float, num_devices: int, num_prompts: int) -> Decision:
+        budgets.append(budget_s)
+        return original(self, budget_s, num_devices, num_prompts)
+
+    monkeypatch.setattr(ExplorationPlanner, "choose", recording)
+    config = measured("spotlight", spot=2)
+    config = config.model_copy(update={"loop": config.loop.model_copy(update={
+        "initial_budget_s": 5.0, "monitor_prompts": 2})})
+    timeline = simulate(config, trace=STEADY).timeline
+    # Round 1 (the cheapest arm, 4 candidates × 2 steps × 4 prompts at 0.02 s on 2 devices) costs
+    # 0.02 s a candidate-step. Round 2 re-scores 2 of its prompts first: predicted 0.02 · 8 · 2 / 2
+    # = 0.16 s, taken off the 2 s update; its work is its own plus those 16 candidate-steps.
+    assert budgets == [5.0, pytest.approx(2.0 - 0.16)]
+    second_plan = timeline[2].plan
+    assert second_plan is not None
+    own = second_plan[0] * second_plan[1] * 4
+    assert timeline[1].explore_s == pytest.approx((own + 16) * 0.02 / 2)
+
+
+@pytest.mark.parametrize(("explore_wait_s", "observed"), [(5.0, 1), (0.0, 0)])
+def test_the_planner_learns_the_cost_only_of_rounds_that_finished(
+    explore_wait_s: float, observed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[float] = []
+    original = ExplorationPlanner.observe_cost
+
+    def recording(self: ExplorationPlanner, plan: object, seconds: float, run: int, steps: int) -> None:
+        calls.append(seconds)
+        original(self, plan, seconds, run, steps)
+
+    monkeypatch.setattr(ExplorationPlanner, "observe_cost", recording)
+    simulate(overrunning(explore_wait_s), trace=STEADY)
+    # The finished round took 8 device-s (module: 32 candidate-steps at 0.25 s); the cancelled one teaches nothing.
+    assert calls == [pytest.approx(8.0)] * observed
