@@ -8,7 +8,7 @@ Ray cluster (vanilla rents no spot device), it measures:
 - the share of busy device time spent in model compute (target >= 0.9),
 - queue round-trip latency per pull (exploring modes).
 
-    nice -n 19 .venv/bin/python benchmarks/runtime_modes.py --quick     # 4 iterations per mode
+    nice -n 19 .venv/bin/python benchmarks/runtime_modes.py --quick     # 6 iterations per mode
     nice -n 19 .venv/bin/python benchmarks/runtime_modes.py --iterations 40 --max-wall-s 900
 
 Prints a table and writes benchmarks/results/runtime_modes.json with the machine, the commit and the
@@ -37,7 +37,7 @@ MODES = ("vanilla", "sync-explore", "spot-rollout", "spotlight")
 
 def first_reaching(records: list[dict], target: float, key: str) -> dict | None:
     """The first validation record whose accuracy reaches ``target`` (None if none did)."""
-    return next((r for r in records if r.get("val/strict_accuracy", -math.inf) >= target), None) if key else None
+    return next((r for r in records if r.get(key, -math.inf) >= target), None)
 
 
 def mean_of(records: list[dict], key: str) -> float:
@@ -77,6 +77,9 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict:
         "usd_per_iteration": records[-1]["cost/usd"] / iterations,
         "usd_total": totals["cost/usd"],
         "spot_util_train_phase": mean_of(records, "util/spot_train_phase"),
+        # without the first round (the planner's one-off calibration on the cheapest plan) and the last
+        # iteration (no next prompts to explore): what the loop sustains
+        "spot_util_train_phase_steady": mean_of(records[1:-1], "util/spot_train_phase"),
         "spot_util": totals["util/spot"],
         "on_demand_util": totals["util/on_demand"],
         "compute_share": totals["util/compute_share"],
@@ -100,14 +103,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-wall-s", type=float, default=900.0, help="per mode")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--gain", type=float, default=0.05, help="target = base validation accuracy + gain")
-    parser.add_argument("--quick", action="store_true", help="4 iterations, 8 prompts, validation at the end")
+    parser.add_argument("--quick", action="store_true", help="6 iterations, 8 prompts, validation at the end")
     parser.add_argument("--set", "-s", action="append", default=[], help="extra config override")
     parser.add_argument("--runs-dir", default="runs/bench-runtime")
     parser.add_argument("--out", default=str(RESULTS / "runtime_modes.json"))
     args = parser.parse_args(argv)
     if args.quick:
-        args.iterations = 4
-        args.set = ["rollout.prompts_per_iteration=8", "eval.every=4", "eval.seeds_per_prompt=1", *args.set]
+        args.iterations = 6
+        args.set = ["rollout.prompts_per_iteration=8", "eval.every=6", "eval.seeds_per_prompt=1", *args.set]
     load_before = os.getloadavg()
     results = {}
     for mode in args.modes.split(","):
@@ -118,7 +121,8 @@ def main(argv: list[str] | None = None) -> None:
                "args": vars(args), "modes": results}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(payload, indent=2, default=float))
-    columns = ("iterations", "wall_s_per_iteration", "usd_per_iteration", "spot_util_train_phase", "compute_share",
+    columns = ("iterations", "wall_s_per_iteration", "usd_per_iteration", "spot_util_train_phase",
+               "spot_util_train_phase_steady", "compute_share",
                "queue_round_trip_ms", "final_val_accuracy", "wall_s_to_target", "usd_to_target")
     print("mode".ljust(14) + "".join(c[:14].rjust(16) for c in columns))
     for mode, row in results.items():
