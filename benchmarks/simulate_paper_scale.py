@@ -130,10 +130,14 @@ def main() -> None:
     # --- assumptions ---------------------------------------------------------------------------
     workload = describe(config.workload)
     measured_alpha = None
+    unfitted = None  # why the measured runs give no alpha, when they don't
     if MEASURED.is_file():
-        model = fit_convergence(load_measured_points(MEASURED))
-        measured_alpha = {"alpha": model.alpha, "assumed": model.alpha_assumed, "points": model.num_points,
-                          "r_squared": model.r_squared}
+        try:
+            model = fit_convergence(load_measured_points(MEASURED))
+            measured_alpha = {"alpha": model.alpha, "assumed": model.alpha_assumed, "points": model.num_points,
+                              "r_squared": model.r_squared}
+        except ValueError as error:  # no measured run reached its target: nothing to fit
+            unfitted = str(error)
     od_offering, spot_offering = prices[config.cluster.on_demand_instance], prices[config.cluster.spot_instance]
     trace_hours = trace.duration_s / 3600.0
     assumptions = {
@@ -143,6 +147,7 @@ def main() -> None:
         "trace": {"file": config.cluster.trace, "hours": trace_hours, "mean_live": trace.mean_count,
                   "peak": int(trace.counts.max()), "preemptions_per_hour": trace.preemption_count / trace_hours},
         "measured_convergence": measured_alpha,
+        "measured_convergence_unfitted": unfitted,
     }
     print(f"workload: Qwen-Image-class {config.workload.params / 1e9:.0f} B at {config.workload.resolution}², "
           f"{workload['tokens']:.0f} tokens, {workload['tflop_per_forward']:.1f} TFLOP/forward at "
@@ -158,7 +163,9 @@ def main() -> None:
           f"{assumptions['trace']['peak']} nodes live, {assumptions['trace']['preemptions_per_hour']:.1f} "
           f"preemptions/h, scaled onto {config.cluster.spot_devices} spot GPUs; "
           f"notice {config.cluster.notice_s:.0f} s, {config.cluster.recovery} recovery")
-    if measured_alpha is None:
+    if unfitted is not None:
+        print(f"convergence: {MEASURED.name} gives no α ({unfitted}); α = 1 assumed (progress ∝ group reward std)")
+    elif measured_alpha is None:
         print(f"convergence: no {MEASURED.name}; α = 1 assumed (progress ∝ group reward std)")
     else:
         print(f"convergence: {MEASURED.name} gives α = {measured_alpha['alpha']:.2f} "
