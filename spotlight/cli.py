@@ -85,19 +85,26 @@ def train(
         cfg = load_config(TrainConfig, config, [*(set_ or []), *([f"runtime.address={address}"] if address else [])])
         from spotlight.pipeline import train as run_train
 
-        with _progress() as progress:
-            task = progress.add_task(f"train ({cfg.mode})", total=cfg.iterations, status="starting")
+        progress = _progress()
+        tasks: list[Any] = []
 
-            def show(iteration: int, record: dict[str, Any]) -> None:
-                status = f"reward {record.get('rollout/reward_mean', float('nan')):.3f}"
-                if "cost/usd" in record:
-                    status += f"  ${record['cost/usd']:.4f}  spot util (train) {record['util/spot_train_phase']:.2f}"
-                if "val/strict_accuracy" in record:
-                    status += f"  val acc {record['val/strict_accuracy']:.3f}"
-                progress.update(task, completed=iteration, status=status)
+        def show(iteration: int, record: dict[str, Any]) -> None:
+            if not tasks:  # shown from the first record on, so a run that cannot start prints only its error
+                progress.start()
+                tasks.append(progress.add_task(f"train ({cfg.mode})", total=cfg.iterations, status=""))
+            status = f"reward {record.get('rollout/reward_mean', float('nan')):.3f}"
+            if "cost/usd" in record:
+                status += f"  ${record['cost/usd']:.4f}  spot util (train) {record['util/spot_train_phase']:.2f}"
+            if "val/strict_accuracy" in record:
+                status += f"  val acc {record['val/strict_accuracy']:.3f}"
+            progress.update(tasks[0], completed=iteration, status=status)
 
+        try:
             summary = run_train(cfg, resume=resume, on_iteration=show)
-            progress.update(task, total=summary.history[-1]["iteration"])
+            if tasks:
+                progress.update(tasks[0], total=summary.history[-1]["iteration"])
+        finally:
+            progress.stop()
     except _known_errors() as error:
         _fail(error)
     Console().print(_summary_table(summary))
