@@ -83,9 +83,9 @@ import numpy as np
 from provenance import REPO, RESULTS, git_commit, machine
 
 from spotlight.config import TrainConfig, load_config, parse_config
-from spotlight.runtime.loop import resolve_trace as runtime_trace
 from spotlight.sim.simulator import SimConfig, SimResult, SpotTimeline, simulate
 from spotlight.sim.traces import Availability, load_trace
+from spotlight.spot_pipeline import resolve_trace as runtime_trace
 
 TOLERANCE = 0.15
 TOLERANCED = ("loop_s", "util_spot", "util_on_demand", "util_spot_train_phase")  # the targets

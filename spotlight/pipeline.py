@@ -7,7 +7,7 @@
                    while iteration i-1 trains. Here it runs in sequence, so that its effect on
                    convergence is measured apart from the systems effect.
     spot-rollout   (Ray) spot devices help the rollout and idle during training
-    spotlight      (Ray) stale exploration on spot devices hidden behind training; see spotlight/runtime/loop.py,
+    spotlight      (Ray) stale exploration on spot devices hidden behind training; see spotlight/spot_pipeline.py,
                    which runs this module's functions on the device pools
 
 Every random choice of iteration i (its prompts, its candidate seeds, its shuffles) comes from
@@ -365,9 +365,9 @@ def train(config: TrainConfig, resume: bool = False, reward: Reward | None = Non
     """Run ``spotlight train`` for a config: a thin wrapper for the CLI and tests.
 
     Modes spot-rollout and spotlight (and the others with ``runtime.use_ray``) run on the Ray
-    runtime (`spotlight.runtime.loop`); the rest in this process.
+    runtime (`spotlight.spot_pipeline`); the rest in this process.
     """
-    from spotlight.runtime.loop import run_on_ray, uses_ray
+    from spotlight.spot_pipeline import run_on_ray, uses_ray
 
     if uses_ray(config):
         return run_on_ray(config, resume=resume, reward=reward, on_iteration=on_iteration)

@@ -1,4 +1,5 @@
-"""The Spotlight loop on Ray: one iteration spread over the on-demand trainer and the spot devices.
+"""The Spotlight loop on Ray (orchestration, beside pipeline.py: it runs the RL code of pipeline.py over the
+runtime's pools; runtime/ itself knows nothing of GRPO): one iteration spread over on-demand and spot devices.
 
     iteration i  (θ_i goes to every spot device once, through the object store)
       seeds     spotlight: chosen by the exploration that ran during iteration i-1's training
