@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from probe_images import empty_images
 from provenance import RESULTS, git_commit, machine
 
 from spotlight.rewards.ocr import OCRReward
@@ -76,18 +77,6 @@ def other_prompt(prompts: list[str]) -> list[str]:
     return [by_kind[kind_of(p)][(by_kind[kind_of(p)].index(p) + 1) % len(by_kind[kind_of(p)])] for p in prompts]
 
 
-def empty_images(generator: torch.Generator, count: int) -> dict[str, torch.Tensor]:
-    shape = (count, 3, HEIGHT, WIDTH)
-    return {
-        "gaussian N(0,1) clamped": torch.randn(shape, generator=generator).clamp(0, 1),
-        "untrained generator: (N(0,1)+1)/2": ((torch.randn(shape, generator=generator) + 1) / 2).clamp(0, 1),
-        "uniform [0,1]": torch.rand(shape, generator=generator),
-        "black": torch.zeros(shape),
-        "grey 0.5": torch.full(shape, 0.5),
-        "white": torch.ones(shape),
-    }
-
-
 def main() -> None:
     torch.set_num_threads(1)
     started = time.perf_counter()
@@ -112,7 +101,7 @@ def main() -> None:
     wrong_text = per_kind(validation, judged_wrong.rewards, judged_wrong.strict)
 
     no_text = {}
-    for name, batch in empty_images(generator, len(validation)).items():
+    for name, batch in empty_images(generator, len(validation), HEIGHT, WIDTH).items():
         out = reward.score(batch, validation)
         no_text[name] = {"mean_reward": float(out.rewards.mean()), "exact_match": float(out.strict.float().mean())}
 

@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from probe_images import empty_images
 from provenance import RESULTS, git_commit, machine
 
 from spotlight.rewards.geneval import GenEvalReward
@@ -104,19 +105,6 @@ def per_kind(texts: list[str], rewards: torch.Tensor, strict: torch.Tensor) -> d
     return table
 
 
-def empty_images(generator: torch.Generator, count: int) -> dict[str, torch.Tensor]:
-    shape = (count, 3, 32, 32)
-    return {
-        "gaussian N(0,1) clamped": torch.randn(shape, generator=generator).clamp(0, 1),
-        "untrained generator: (N(0,1)+1)/2": ((torch.randn(shape, generator=generator) + 1) / 2).clamp(0, 1),
-        "uniform [0,1]": torch.rand(shape, generator=generator),
-        "black": torch.zeros(shape),
-        "grey 0.5": torch.full(shape, 0.5),
-        "white": torch.ones(shape),
-    }
-
-
-
 def main() -> None:
     torch.set_num_threads(1)
     started = time.perf_counter()
@@ -139,7 +127,7 @@ def main() -> None:
     false_strict = per_kind(texts, judged_wrong.rewards, judged_wrong.strict)
 
     no_object = {}
-    for name, batch in empty_images(generator, NUM_IMAGES).items():
+    for name, batch in empty_images(generator, NUM_IMAGES, 32, 32).items():
         out = reward.score(batch, texts)
         no_object[name] = {
             "mean_reward": float(out.rewards.mean()),
