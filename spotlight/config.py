@@ -130,6 +130,21 @@ class TrainConfig(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _sp_serves_exploration(self) -> TrainConfig:
+        on_ray = self.mode in RUNTIME_MODES or self.runtime.use_ray
+        if self.runtime.sp_degree > 1 and not (on_ray and self.mode in ("spotlight", "sync-explore")):
+            raise ValueError(
+                f"runtime.sp_degree={self.runtime.sp_degree}: SP groups serve exploration only, on the Ray runtime; "
+                f"use mode spotlight or sync-explore ({self.mode}{'' if on_ray else ' without Ray'}); or sp_degree 1"
+            )
+        if self.runtime.sp_degree > 1 and self.runtime.address is not None:
+            raise ValueError(
+                f"runtime.sp_degree={self.runtime.sp_degree} runs on the local cluster only for now (runtime.address "
+                f"null, got {self.runtime.address!r}); or set sp_degree 1"
+            )
+        return self
+
 
 class PretrainConfig(Section):
     """Everything ``spotlight pretrain`` needs: flow matching on rendered (prompt, image) pairs."""

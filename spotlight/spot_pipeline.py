@@ -42,6 +42,7 @@ from spotlight.config import TrainConfig
 from spotlight.diffusion.sampler import SamplingPlan, Trajectory
 from spotlight.explore.candidates import score_latents
 from spotlight.explore.planner import ExplorationPlanner, ExplorePlan, round_budget
+from spotlight.models.tinydit import TinyDiTConfig
 from spotlight.pipeline import (
     Exploration,
     RunError,
@@ -59,6 +60,7 @@ from spotlight.policy import generate
 from spotlight.rewards.base import Reward
 from spotlight.runtime.cost_meter import DeviceLedger, default_prices
 from spotlight.runtime.device import ComputeClock
+from spotlight.runtime.elastic_sp import ElasticSP, ElasticSPSettings, LocalSpotNodes
 from spotlight.runtime.events import EventLog
 from spotlight.runtime.pools import CallResult, LocalCluster, PoolError, SpotPool, attach_cluster
 from spotlight.runtime.preemption import TraceReplay
@@ -71,6 +73,10 @@ __all__ = ["RayRuntime", "run_on_ray", "uses_ray"]
 
 ON_DEMAND = "on-demand-0"
 TICK_S = 0.02
+# With SP groups (runtime.sp_degree > 1) each spot node runs an agent and its device processes: on a
+# loaded machine their raylets miss Ray's default health checks (5 x 3 s) and live nodes are declared
+# dead. Trace removals never wait on the check (the controller acts on the notice), so it can be tolerant.
+SP_HEAD_SYSTEM_CONFIG = {"health_check_failure_threshold": 20, "health_check_timeout_ms": 20000}
 
 
 def uses_ray(config: TrainConfig) -> bool:
@@ -169,6 +175,8 @@ class RayRuntime:
         self.controller: threading.Thread | None = None
         self.controller_error: BaseException | None = None
         self.last_step_end = 0.0
+        self.elastic: ElasticSP | None = None  # runtime.sp_degree > 1: exploration on elastic SP groups
+        self.sp_devices: set[str] = set()  # the SP device processes held in the ledger ("node:k")
         self._start_pools()
 
     # -- set-up and tear-down ----------------------------------------------------------------------
@@ -180,12 +188,14 @@ class RayRuntime:
         section = self.config.runtime
         availability = None
         if section.address is None:
-            self.cluster = LocalCluster(node_timeout_s=section.node_timeout_s)
+            self.cluster = LocalCluster(node_timeout_s=section.node_timeout_s,
+                                        system_config=SP_HEAD_SYSTEM_CONFIG if section.sp_degree > 1 else None)
             if self.num_spot and section.trace is not None:
                 availability = load_trace(resolve_trace(section.trace)).clipped(self.num_spot)
             initial = {f"node{k}": 1 for k in range(self.num_spot)} if availability is None else \
                 {e.node: 1 for e in availability.events if e.time_s == 0 and e.kind == "add"}
-            initial_ids = {name: self.cluster.add_spot_node(name) for name in initial}
+            # With SP groups the spot nodes are ElasticSP's (its agents), not the pool's.
+            initial_ids = {} if section.sp_degree > 1 else {name: self.cluster.add_spot_node(name) for name in initial}
         else:
             found = attach_cluster(section.address)
             initial_ids = {name: node_id for name, (node_id, _) in found.items()}
@@ -199,8 +209,10 @@ class RayRuntime:
                              self.epoch0)
         for name, node_id in initial_ids.items():
             self.pool.node_added(name, node_id, initial[name])
+        if section.sp_degree > 1:
+            self._start_elastic(list(initial))
         deadline = time.monotonic() + section.node_timeout_s
-        while len(self.pool.devices(state="idle")) < sum(initial.values()):
+        while len(self.pool.devices(state="idle")) < sum(initial[name] for name in initial_ids):
             self.pool.poll(0.1)
             if time.monotonic() > deadline:
                 raise PoolError(f"spot devices did not start within {section.node_timeout_s:.0f} s: the machine is "
@@ -216,12 +228,55 @@ class RayRuntime:
             self.events.write(0.0, "node_added", node=name)
         for device in self.pool.devices():
             self.ledger.hold(device, "spot", 0.0)
+        if self.elastic is not None:
+            self.elastic.restart_clock()
+            for name in initial:
+                self._sp_node_added(name)
         if availability is not None:
             self.trace = TraceReplay(availability, time_scale=section.time_scale, grace_s=section.grace_s,
                                      clock=self.now)
             self.trace.returns()  # the nodes of t = 0 are live already
         self.controller = threading.Thread(target=self._control, name="spotlight-controller", daemon=True)
         self.controller.start()
+
+    def _start_elastic(self, initial: list[str]) -> None:
+        """Start the elastic SP controller and the agents of the ``initial`` spot nodes; wait until they serve."""
+        section, model = self.config.runtime, self.trainer.model
+        if not isinstance(getattr(model, "config", None), TinyDiTConfig):
+            raise RunError(f"runtime.sp_degree={section.sp_degree} needs a TinyDiT base model (the SP agents run "
+                           f"TinyDiT); got {type(model).__name__}: set runtime.sp_degree=1")
+        if model.config.num_heads % section.sp_degree:
+            raise RunError(f"runtime.sp_degree={section.sp_degree} does not divide the model's "
+                           f"{model.config.num_heads} attention heads: use a divisor of {model.config.num_heads}")
+        settings = ElasticSPSettings(sp_degrees={model.config.image_size: section.sp_degree},
+                                     devices_per_node=section.sp_degree, min_step_s=section.min_step_s, poll_s=TICK_S)
+        self.elastic = ElasticSP(self.queue, model.config, ray.put(model_weights(model)),
+                                 LocalSpotNodes(self.cluster.cluster), settings,
+                                 self.trainer.run_dir / "reconfigurations.jsonl", clock=self.now)
+        for name in initial:
+            self.elastic.node_joined(name)
+        deadline = time.monotonic() + section.node_timeout_s
+        while len(self.elastic.agents) < len(initial):
+            self.elastic.poll_agents()
+            if time.monotonic() > deadline:
+                raise PoolError(f"spot node agents did not start within {section.node_timeout_s:.0f} s: the machine "
+                                "is overloaded; retry, or raise runtime.node_timeout_s")
+            time.sleep(0.1)
+
+    def _sp_node_added(self, node: str) -> None:
+        """Log and bill a spot node of the SP groups (its sp_degree device processes) from now."""
+        now = self.now()
+        self.events.write(now, "node_added", node=node)
+        for k in range(self.config.runtime.sp_degree):
+            if not self.ledger.is_held(f"{node}:{k}"):
+                self.ledger.hold(f"{node}:{k}", "spot", now)
+                self.sp_devices.add(f"{node}:{k}")
+
+    def _sp_node_removed(self, node: str, at: float) -> None:
+        self.events.write(at, "node_removed", node=node)
+        for device in [d for d in self.sp_devices if d.rpartition(":")[0] == node]:
+            self.ledger.release(device, at)
+            self.sp_devices.discard(device)
 
     def close(self) -> None:
         """Stop the controller, settle the bill, write summary.json and stop this run's cluster."""
@@ -231,8 +286,22 @@ class RayRuntime:
         end = self.now()
         with self.lock:
             self.pool.release_all()
+            for device in self.sp_devices:
+                self.ledger.release(device, end)
+            if self.elastic is not None:
+                try:
+                    self.elastic.shutdown()
+                except RayError:  # a node going away as the run ends
+                    pass
         self.ledger.release(ON_DEMAND, end)
         summary = self.summary(end)
+        if self.elastic is not None:
+            report = self.elastic.report
+            summary["elastic_sp"] = {"sp_degree": self.config.runtime.sp_degree, "notices": report.notices,
+                                     "joins": report.joins, "removals": report.removals,
+                                     "lost_nodes": report.lost_nodes, "requeued": report.requeued,
+                                     "reconfigurations": report.reconfigurations,
+                                     "log": str(self.elastic.log_path)}
         try:
             summary["queue"] = dataclasses.asdict(ray.get(self.queue.stats.remote(), timeout=30.0))
         except (RayError, GetTimeoutError) as error:
@@ -266,10 +335,15 @@ class RayRuntime:
             while not self.stop.is_set():
                 self._membership()
                 with self.lock:
-                    results = self.pool.poll(0.0)
-                    for result in results:
-                        self._collect(result)
-                    self._feed_round()
+                    if self.elastic is not None:
+                        self.elastic.remove_due_nodes()
+                        self.elastic.poll_agents()
+                        self._serve_round()
+                    else:
+                        results = self.pool.poll(0.0)
+                        for result in results:
+                            self._collect(result)
+                        self._feed_round()
                 time.sleep(TICK_S)
         except BaseException as error:  # surfaced in the main thread by _wait
             self.controller_error = error
@@ -277,6 +351,9 @@ class RayRuntime:
     def _membership(self) -> None:
         """Replay the trace: notices, removals at their deadlines, returns (a fresh node, device, weights)."""
         if self.trace is None:
+            return
+        if self.elastic is not None:
+            self._sp_membership()
             return
         now = self.now()
         for notice in self.trace.poll():
@@ -302,6 +379,39 @@ class RayRuntime:
             self.joining.remove(node)
             with self.lock:
                 self.pool.node_added(node, node_id)
+
+    def _sp_membership(self) -> None:
+        """The trace's events for the SP groups' nodes: ElasticSP re-plans (and logs) on each notice and join."""
+        with self.lock:
+            for notice in self.trace.poll():
+                now = self.now()
+                self.events.write(now, "preemption_notice", node=notice.node_id, deadline_s=round(notice.deadline_s, 3))
+                self.removals[notice.node_id] = now + notice.deadline_s
+                self.elastic.node_noticed(notice.node_id, notice.deadline_s)
+            for node in [n for n, at in self.removals.items() if at <= self.now()]:
+                self._sp_node_removed(node, self.removals.pop(node))
+            self.elastic.remove_due_nodes()
+            for joined in self.trace.returns():
+                self.elastic.node_joined(joined.node_id)
+                self._sp_node_added(joined.node_id)
+
+    def _serve_round(self) -> None:
+        """While a round is open, every SP group serves the queue; the round is drained once nothing is left."""
+        round_ = self.round
+        if round_ is None or round_.drained:
+            return
+        if ray.get(self.queue.remaining.remote()) == 0:
+            round_.drained = True
+            # Each group is one explorer to the planner: its device time is the round's wall time.
+            round_.device_s = (self.now() - round_.opened_at) * max(1, self._explorers())
+            return
+        self.elastic.serve()
+
+    def _explorers(self) -> int:
+        """How many explorers serve the queue: idle-able spot devices, or SP groups on live agents."""
+        if self.elastic is None:
+            return len(self.pool.devices())
+        return sum(1 for group in self.elastic.groups if group.nodes[0] in self.elastic.agents)
 
     def _collect(self, result: CallResult) -> None:
         """A finished call: exploration results feed the round; everything else waits for the main thread."""
@@ -355,6 +465,11 @@ class RayRuntime:
         weights_ref = ray.put(model_weights(trainer.model))  # θ_i: one object, every spot device maps it
         with self.lock:
             self.pool.set_weights(iteration, weights_ref)
+        if self.elastic is not None:  # a sample must not mix two policies: the groups finish first
+            if not self._wait(lambda: not self.elastic.serving, timeout_s=self.elastic.settings.agent_call_s):
+                raise RunError("the SP groups did not stop serving after the last round: a spot node hangs")
+            with self.lock:
+                self.elastic.set_weights(weights_ref)
         self._wait(lambda: not self.pool.devices(state="loading"), timeout_s=10.0)  # ~10 ms: then they can help
         record: dict[str, Any] = {}
         exploration, plan = self._seeds(iteration, prompts, record)
@@ -438,7 +553,7 @@ class RayRuntime:
         config, trainer = self.config, self.trainer
         prompts = iteration_prompts(trainer.train_prompts, config.seed, target, config.rollout.prompts_per_iteration)
         with self.lock:
-            devices = len(self.pool.devices())
+            devices = self._explorers()
         monitor = self.pending_monitor if self.mode == "spotlight" else None
         budget = round_budget(trainer.planner, trainer.budget_s, devices,
                               None if monitor is None else (monitor["plan"], len(monitor["prompts"])))
@@ -542,7 +657,7 @@ class RayRuntime:
         """Times, utilisation per pool and phase, compute share and cumulative dollars of this iteration."""
         ledger = self.ledger
         with self.lock:
-            live = len(self.pool.devices())
+            live = self._explorers()
         return {
             "time/rollout_s": rollout_ended - rollout_started,
             "time/explore_wait_s": ended - train_ended,

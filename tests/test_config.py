@@ -146,6 +146,19 @@ def test_exploration_needs_at_least_group_size_candidates() -> None:
     load_config(TrainConfig, None, ["mode=stale-explore", "explore.num_candidates=8", "rollout.group_size=8"])
 
 
+def test_sp_groups_serve_exploration_on_the_local_ray_cluster_only() -> None:
+    assert load_config(TrainConfig, None, []).runtime.sp_degree == 1
+    shipped = load_config(TrainConfig, Path(__file__).parents[1] / "configs" / "spotlight-sp2.yaml")
+    assert (shipped.mode, shipped.runtime.sp_degree) == ("spotlight", 2)
+    assert load_config(TrainConfig, None, ["mode=sync-explore", "runtime.use_ray=true",
+                                           "runtime.sp_degree=2"]).runtime.sp_degree == 2
+    for overrides, named in [(["mode=spot-rollout"], "spot-rollout"), (["mode=stale-explore"], "without Ray"),
+                             (["runtime.address=auto"], "local cluster")]:
+        message = config_error(TrainConfig, None, ["runtime.sp_degree=2", *overrides])
+        assert "runtime.sp_degree=2" in message and named in message
+    assert "runtime.sp_degree" in config_error(TrainConfig, None, ["runtime.sp_degree=0"])
+
+
 def test_parse_config_names_its_source() -> None:
     with pytest.raises(ConfigError, match=r"^cli: rollout\.num_steps"):
         parse_config(TrainConfig, {"rollout": {"num_steps": 0}}, source="cli")

@@ -168,6 +168,10 @@ class ElasticSP:
         self.next_generation = 0
         self.report = ElasticSPReport()
 
+    def restart_clock(self) -> None:
+        """Count the log's times from now: a caller whose clock restarts after boot calls this right after."""
+        self._start = self._clock()
+
     # -- events --------------------------------------------------------------------------------
     def node_joined(self, node_id: str) -> None:
         """Start the node's agent; it enters the plan once its processes are up and hold the weights."""

@@ -48,16 +48,18 @@ def _init_kwargs() -> dict[str, Any]:
 class LocalCluster:
     """Logical Ray nodes on this machine: an on-demand head and spot nodes that come and go."""
 
-    def __init__(self, object_store_mb: int = 200, node_timeout_s: float = 120.0) -> None:
+    def __init__(self, object_store_mb: int = 200, node_timeout_s: float = 120.0,
+                 system_config: dict[str, Any] | None = None) -> None:
         from ray.cluster_utils import Cluster
 
-        kwargs = _init_kwargs()
+        kwargs = _init_kwargs()  # system_config: Ray's cluster-wide settings (e.g. a tolerant health check)
         self._object_store = object_store_mb * 1024 * 1024
         self._node_timeout_s = node_timeout_s
         try:
             self.cluster = Cluster(initialize_head=True, head_node_args={
                 "num_cpus": 1, "resources": {"on_demand": 1}, "include_dashboard": False,
-                "object_store_memory": self._object_store})
+                "object_store_memory": self._object_store,
+                **({"_system_config": system_config} if system_config else {})})
         except Exception as error:  # Ray raises a bare Exception when its node misses its 30 s start-up
             load = os.getloadavg()[0]
             raise PoolError(f"Ray could not start the on-demand head node ({error}); load average {load:.1f} on "

@@ -35,7 +35,12 @@ class RuntimeSection(Section):
     finer in N than the single-process default so that the chosen plan fills the training time.
     ``explore_wait_s``: after training, how long to wait for unfinished exploration (spot nodes
     all gone) before its prompts fall back to random seeds. ``min_step_s``: a spot device's exploration
-    pass takes at least this long, to emulate a slower accelerator in tests and demos (0: CPU speed).
+    pass takes at least this long, to emulate a slower accelerator in tests and demos (0: CPU speed);
+    with ``sp_degree`` > 1, each SP denoising step does. ``sp_degree``: 1 runs one single-process
+    device per spot node; k > 1 serves exploration with elastic SP groups of degree k instead (each
+    spot node's agent keeps k device processes, `spotlight.runtime.elastic_sp`), re-formed after
+    each preemption and logged to run_dir/reconfigurations.jsonl; the rollout then runs on the
+    on-demand device only. It must divide the model's attention heads (local cluster only).
     """
 
     address: str | None = None
@@ -51,6 +56,7 @@ class RuntimeSection(Section):
     min_step_s: float = Field(0.0, ge=0)
     explore_wait_s: float = Field(15.0, ge=0)
     node_timeout_s: float = Field(120.0, gt=0)
+    sp_degree: int = Field(1, ge=1)
     prices: PricesSection = PricesSection()
     planner: PlannerConfig = PlannerConfig(
         num_candidates=(8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128),
