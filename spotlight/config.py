@@ -44,7 +44,12 @@ class RolloutSection(Section):
 class TrainSection(Section):
     """The GRPO update."""
 
+    # adamw steps every weight by about the learning rate whatever its gradient's signal; sgd steps
+    # along the policy gradient itself, which moves the trained steps' log-probs far more than the
+    # rest (measured: 4:1 for sgd, 1:7 for adamw on the shapes base model)
+    optimizer: Literal["adamw", "sgd"] = "adamw"
     learning_rate: float = Field(5e-5, gt=0)
+    momentum: float = Field(0.9, ge=0, lt=1)  # sgd only
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, gt=0)
     clip_range: float = Field(0.2, gt=0)

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from spotlight.config import TrainConfig, dump_config
+from spotlight.config import TrainConfig, TrainSection, dump_config
 from spotlight.diffusion.noise import stream_key
 from spotlight.diffusion.sampler import SamplingPlan, Trajectory
 from spotlight.evaluation import evaluate
@@ -159,6 +159,14 @@ def select_explored(rewards: torch.Tensor, candidates: torch.Tensor, config: Tra
     return Exploration(seeds=selection.seeds, metrics=metrics)
 
 
+def build_optimizer(model: torch.nn.Module, section: TrainSection) -> torch.optim.Optimizer:
+    """The update's optimizer: AdamW, or SGD with momentum (``train.optimizer``)."""
+    if section.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=section.learning_rate, momentum=section.momentum,
+                               weight_decay=section.weight_decay)
+    return torch.optim.AdamW(model.parameters(), lr=section.learning_rate, weight_decay=section.weight_decay)
+
+
 @dataclass
 class RunSummary:
     run_dir: Path
@@ -185,8 +193,7 @@ class Trainer:
         self.reference = load_model(config.base_checkpoint).requires_grad_(False) if config.train.kl_beta > 0 else None
         self.ema = copy.deepcopy(self.model).requires_grad_(False) if config.train.ema_decay else None
         self.previous = copy.deepcopy(self.model).requires_grad_(False)  # θ_{i-1} for stale exploration
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.train.learning_rate,
-                                           weight_decay=config.train.weight_decay)
+        self.optimizer = build_optimizer(self.model, config.train)
         self.monitor = StalenessMonitor(config.explore.staleness_floor)
         self.planner = ExplorationPlanner(config.explore.planner) if config.explore.planner is not None else None
         self.budget_s = config.explore.initial_budget_s  # the training time exploration must fit in
