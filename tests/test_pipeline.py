@@ -183,3 +183,18 @@ def test_a_rollout_sampled_in_parts_scores_like_one_sampled_whole(tiny_base_mode
     torch.testing.assert_close(split.batch.latents, whole.batch.latents, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(split.batch.advantages, whole.batch.advantages, rtol=1e-3, atol=1e-4)
     assert split.metrics.keys() == whole.metrics.keys()
+
+
+def test_train_optimizer_picks_sgd_with_momentum_or_adamw() -> None:
+    from spotlight.config import TrainSection
+    from spotlight.pipeline import build_optimizer
+
+    model = torch.nn.Linear(3, 2)
+    sgd = build_optimizer(model, TrainSection(optimizer="sgd", learning_rate=0.5, momentum=0.8))
+    assert isinstance(sgd, torch.optim.SGD) and sgd.param_groups[0]["momentum"] == 0.8
+    before = model.weight.detach().clone()
+    model(torch.ones(1, 3)).sum().backward()
+    gradient = model.weight.grad.clone()
+    sgd.step()  # the first SGD step is exactly -lr * gradient (the momentum buffer starts at the gradient)
+    assert torch.allclose(model.weight.detach(), before - 0.5 * gradient)
+    assert isinstance(build_optimizer(model, TrainSection()), torch.optim.AdamW)
