@@ -25,8 +25,7 @@ import time
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
-from probe_images import empty_images
+from probe_images import add_noise, box_blur, empty_images, gaussian_blur
 from provenance import RESULTS, git_commit, machine
 
 from spotlight.rewards.geneval import GenEvalReward
@@ -39,28 +38,9 @@ NOISE_SEED = 7
 SPEED_BATCH = 256
 
 
-def box_blur(images: torch.Tensor, width: int) -> torch.Tensor:
-    """Mean over a width x width window, edges replicated; (B, 3, H, W) -> same."""
-    pad = width // 2
-    return F.avg_pool2d(F.pad(images, (pad, pad, pad, pad), mode="replicate"), width, stride=1)
-
-
-def gaussian_blur(images: torch.Tensor, sigma: float) -> torch.Tensor:
-    """Separable Gaussian blur with a 7-tap kernel, edges replicated; (B, 3, H, W) -> same."""
-    taps = torch.arange(-3, 4, dtype=torch.float32)
-    kernel = torch.exp(-(taps**2) / (2 * sigma**2))
-    kernel = kernel / kernel.sum()
-    rows = F.conv2d(
-        F.pad(images, (3, 3, 0, 0), mode="replicate"), kernel.view(1, 1, 1, 7).repeat(3, 1, 1, 1), groups=3
-    )
-    return F.conv2d(
-        F.pad(rows, (0, 0, 3, 3), mode="replicate"), kernel.view(1, 1, 7, 1).repeat(3, 1, 1, 1), groups=3
-    )
-
-
 def degradations(generator: torch.Generator) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
     def noisy(images: torch.Tensor, sigma: float) -> torch.Tensor:
-        return (images + sigma * torch.randn(images.shape, generator=generator)).clamp(0, 1)
+        return add_noise(images, sigma, generator)
 
     return {
         "clean": lambda x: x,
