@@ -396,9 +396,8 @@ def test_a_round_past_the_wait_is_cancelled_and_seeds_what_it_finished(
     assert second.explored_prompts == explored
 
 
-def test_per_iteration_times_replay_each_iteration_and_the_budget_is_the_previous_update(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def record_planner_budgets(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The budget of every planner choice the simulator makes from now on, in order."""
     budgets: list[float] = []
     original = ExplorationPlanner.choose
 
@@ -407,6 +406,13 @@ def test_per_iteration_times_replay_each_iteration_and_the_budget_is_the_previou
         return original(self, budget_s, num_devices, num_prompts)
 
     monkeypatch.setattr(ExplorationPlanner, "choose", recording)
+    return budgets
+
+
+def test_per_iteration_times_replay_each_iteration_and_the_budget_is_the_previous_update(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    budgets = record_planner_budgets(monkeypatch)
     config = measured("spotlight", spot=2)
     times = config.workload.measured.model_copy(update={"per_iteration": [
         IterationTimes(train_s=3.0),
@@ -425,14 +431,7 @@ def test_per_iteration_times_replay_each_iteration_and_the_budget_is_the_previou
 def test_the_monitor_rides_in_the_round_and_its_predicted_time_leaves_the_budget(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    budgets: list[float] = []
-    original = ExplorationPlanner.choose
-
-    def recording(self: ExplorationPlanner, budget_s: float, num_devices: int, num_prompts: int) -> Decision:
-        budgets.append(budget_s)
-        return original(self, budget_s, num_devices, num_prompts)
-
-    monkeypatch.setattr(ExplorationPlanner, "choose", recording)
+    budgets = record_planner_budgets(monkeypatch)
     config = measured("spotlight", spot=2)
     config = config.model_copy(update={"loop": config.loop.model_copy(update={
         "initial_budget_s": 5.0, "monitor_prompts": 2})})
