@@ -1,6 +1,7 @@
 import math
 
 import pytest
+import random_models
 import torch
 
 from spotlight.diffusion.noise import initial_latents, seeded_normal
@@ -17,13 +18,9 @@ def nonlinear_velocity(x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
 
 def randomised_tinydit(seed: int) -> TinyDiT:
     """A tiny TinyDiT with every weight random (adaLN-Zero would make it output zeros)."""
-    torch.manual_seed(seed)
-    model = TinyDiT(TinyDiTConfig(image_size=8, in_channels=2, patch_size=4, dim=32, depth=1, num_heads=2,
-                                  vocab_size=16, max_text_len=4))
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.normal_(0.0, 0.2)
-    return model.eval()
+    config = TinyDiTConfig(image_size=8, in_channels=2, patch_size=4, dim=32, depth=1, num_heads=2, vocab_size=16,
+                           max_text_len=4)
+    return random_models.randomised_tinydit(config, seed, 0.2)
 
 
 def test_trajectory_shapes() -> None:

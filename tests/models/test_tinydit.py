@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+from random_models import randomised_tinydit
 
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
 
@@ -11,12 +12,7 @@ SMALL = TinyDiTConfig(image_size=8, in_channels=3, patch_size=4, dim=32, depth=2
 
 def randomised(config: TinyDiTConfig = SMALL, seed: int = 0) -> TinyDiT:
     """A model with every parameter random, so that no zero-initialised layer hides a path."""
-    torch.manual_seed(seed)
-    model = TinyDiT(config)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.normal_(0.0, 0.3)
-    return model.eval()
+    return randomised_tinydit(config, seed, 0.3)
 
 
 def inputs(batch: int = 2, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:

@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from random_models import randomised_tinydit
 
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
 from spotlight.rl.checkpoint import (
@@ -23,12 +24,7 @@ TOKENS = torch.tensor([[1, 2, 0, 0], [3, 4, 5, 0]])
 
 
 def randomised_model(seed: int = 0) -> TinyDiT:
-    torch.manual_seed(seed)
-    model = TinyDiT(CONFIG)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.normal_(0.0, 0.2)
-    return model
+    return randomised_tinydit(CONFIG, seed, 0.2)
 
 
 def fixed_inputs() -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+from random_models import randomised_tinydit
 
 from spotlight.config import TrainSection
 from spotlight.diffusion.noise import initial_latents
@@ -18,12 +19,7 @@ NOISE_LEVEL = 0.7
 
 def randomised_model(seed: int, scale: float = 0.2, dtype: torch.dtype = torch.float32) -> TinyDiT:
     """A TinyDiT whose every weight is random, so that its velocity (and so every log-prob) is non-trivial."""
-    torch.manual_seed(seed)
-    model = TinyDiT(CONFIG).to(dtype)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.normal_(0.0, scale)
-    return model
+    return randomised_tinydit(CONFIG, seed, scale, dtype)
 
 
 def rollout_batch(model: TinyDiT, num_steps: int = 3, group: int = 2, seed: int = 0) -> RolloutBatch:

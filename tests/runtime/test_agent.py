@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from random_models import randomised_tinydit
 
 from spotlight.diffusion.noise import initial_latents
 from spotlight.diffusion.sampler import SamplingPlan
@@ -29,12 +30,7 @@ SP = {16: 2}
 
 def random_model(seed: int) -> TinyDiT:
     """A TinyDiT whose blocks are not the identity (adaLN-Zero would hide attention errors)."""
-    torch.manual_seed(seed)
-    model = TinyDiT(CONFIG)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.normal_(0.0, 0.05)
-    return model.eval()
+    return randomised_tinydit(CONFIG, seed, 0.05)
 
 
 def single_device(model: TinyDiT, request: Request) -> torch.Tensor:
