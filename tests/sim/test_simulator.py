@@ -156,9 +156,8 @@ def test_cold_restarts_longer_than_the_gaps_between_preemptions_never_reach_the_
 # --- exploration and the runtime planner ----------------------------------------------------------------
 
 
-def test_the_planner_gets_the_predicted_training_time_and_the_live_spot_devices(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def record_planner_choices(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, int, int]]:
+    """(budget_s, num_devices, num_prompts) of every planner choice the simulator makes from now on."""
     calls: list[tuple[float, int, int]] = []
     original = ExplorationPlanner.choose
 
@@ -167,6 +166,13 @@ def test_the_planner_gets_the_predicted_training_time_and_the_live_spot_devices(
         return original(self, budget_s, num_devices, num_prompts)
 
     monkeypatch.setattr(ExplorationPlanner, "choose", recording)
+    return calls
+
+
+def test_the_planner_gets_the_predicted_training_time_and_the_live_spot_devices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = record_planner_choices(monkeypatch)
     spotlight = simulate(small("spotlight", spot=2, iterations=3), trace=STEADY)
     assert calls == [(spotlight.timeline[0].train_s, 2, 4)] * len(spotlight.timeline)
     calls.clear()
@@ -396,23 +402,10 @@ def test_a_round_past_the_wait_is_cancelled_and_seeds_what_it_finished(
     assert second.explored_prompts == explored
 
 
-def record_planner_budgets(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """The budget of every planner choice the simulator makes from now on, in order."""
-    budgets: list[float] = []
-    original = ExplorationPlanner.choose
-
-    def recording(self: ExplorationPlanner, budget_s: float, num_devices: int, num_prompts: int) -> Decision:
-        budgets.append(budget_s)
-        return original(self, budget_s, num_devices, num_prompts)
-
-    monkeypatch.setattr(ExplorationPlanner, "choose", recording)
-    return budgets
-
-
 def test_per_iteration_times_replay_each_iteration_and_the_budget_is_the_previous_update(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    budgets = record_planner_budgets(monkeypatch)
+    calls = record_planner_choices(monkeypatch)
     config = measured("spotlight", spot=2)
     times = config.workload.measured.model_copy(update={"per_iteration": [
         IterationTimes(train_s=3.0),
@@ -425,13 +418,14 @@ def test_per_iteration_times_replay_each_iteration_and_the_budget_is_the_previou
     assert [r.train_s for r in timeline] == [3.0, 6.0, 6.0]
     assert timeline[0].rollout_s == pytest.approx(240 / 200)
     assert timeline[1].rollout_s == pytest.approx(240 / (50 + 2 * 25))  # twice as slow a machine
-    assert budgets == [5.0, 3.0]  # the runtime's initial budget, then the update just timed; none in the last
+    # the runtime's initial budget, then the update just timed; none in the last iteration
+    assert [budget for budget, _, _ in calls] == [5.0, 3.0]
 
 
 def test_the_monitor_rides_in_the_round_and_its_predicted_time_leaves_the_budget(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    budgets = record_planner_budgets(monkeypatch)
+    calls = record_planner_choices(monkeypatch)
     config = measured("spotlight", spot=2)
     config = config.model_copy(update={"loop": config.loop.model_copy(update={
         "initial_budget_s": 5.0, "monitor_prompts": 2})})
@@ -439,7 +433,7 @@ def test_the_monitor_rides_in_the_round_and_its_predicted_time_leaves_the_budget
     # Round 1 (the cheapest arm, 4 candidates × 2 steps × 4 prompts at 0.02 s on 2 devices) costs
     # 0.02 s a candidate-step. Round 2 re-scores 2 of its prompts first: predicted 0.02 · 8 · 2 / 2
     # = 0.16 s, taken off the 2 s update; its work is its own plus those 16 candidate-steps.
-    assert budgets == [5.0, pytest.approx(2.0 - 0.16)]
+    assert [budget for budget, _, _ in calls] == [5.0, pytest.approx(2.0 - 0.16)]
     second_plan = timeline[2].plan
     assert second_plan is not None
     own = second_plan[0] * second_plan[1] * 4
