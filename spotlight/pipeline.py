@@ -83,7 +83,7 @@ def rollout_plan(config: TrainConfig) -> SamplingPlan:
     """The SDE sampling plan of GRPO rollouts (what every device that helps a rollout runs)."""
     section = config.rollout
     return SamplingPlan(num_steps=section.num_steps, shift=section.shift, sampler="sde",
-                        noise_level=section.noise_level)
+                        noise_level=section.noise_level, sde_steps=section.sde_steps)
 
 
 def group_requests(prompts: list[str], seeds: torch.Tensor) -> tuple[list[str], list[int]]:
@@ -122,6 +122,7 @@ def score_rollout(model: TinyDiT, prompts: list[str], seeds: torch.Tensor, traje
     batch = RolloutBatch(
         latents=trajectory.latents, log_probs=trajectory.log_probs, tokens=prompt_tokens(model, expanded),
         advantages=advantages.reshape(-1), sigmas=plan.sigmas(), noise_level=section.noise_level,
+        stochastic_steps=plan.stochastic_steps,
     )
     return Rollout(batch=batch, metrics=metrics)
 

@@ -25,12 +25,23 @@ class SamplingPlan:
     """How to denoise: the number of steps, the schedule's shift, and SDE or ODE.
 
     ``noise_level`` is Flow-GRPO's ``a`` (0.7 in the paper); it is ignored by the ODE sampler.
+    ``sde_steps`` (SDE sampler only) limits the noise to the first ``sde_steps`` steps and takes the
+    rest as ODE steps (as Flow-GRPO-Fast and MixGRPO do): the late steps' noise lands almost directly
+    in the pixels, where it changes the reward without being anything the policy decided.
     """
 
     num_steps: int = 10
     shift: float = 1.0
     sampler: SamplerKind = "sde"
     noise_level: float = 0.7
+    sde_steps: int | None = None
+
+    @property
+    def stochastic_steps(self) -> int:
+        """How many leading steps draw noise (and have a log-prob): 0 for the ODE sampler."""
+        if self.sampler == "ode":
+            return 0
+        return self.num_steps if self.sde_steps is None else min(self.sde_steps, self.num_steps)
 
     def sigmas(self) -> torch.Tensor:
         """The (num_steps + 1,) float64 sigma schedule of this plan."""
@@ -84,7 +95,7 @@ def sample(
         x = initial_latents(seeds, latent_shape)
     else:
         x = start_latents
-    noise_level = plan.noise_level if plan.sampler == "sde" else 0.0
+    stochastic_steps = plan.stochastic_steps
     sigma_cap = float(sigmas[1])
     latents = [x]
     log_probs = []
@@ -93,6 +104,7 @@ def sample(
             sigma, sigma_next = float(sigmas[k]), float(sigmas[k + 1])
             sigma_batch = torch.full((x.shape[0],), sigma, dtype=x.dtype, device=x.device)
             velocity = velocity_fn(x, sigma_batch)
+            noise_level = plan.noise_level if k < stochastic_steps else 0.0
             if noise_level == 0.0:
                 x = ode_step(x, velocity, sigma, sigma_next)
                 log_probs.append(torch.zeros(x.shape[0], dtype=x.dtype, device=x.device))

@@ -25,7 +25,9 @@ class RolloutBatch:
     """B trajectories with what the update needs.
 
     latents (B, K+1, C, H, W); log_probs (B, K); tokens (B, L); advantages (B,); ``sigmas`` (K+1,)
-    float64 is the schedule the rollout used and ``noise_level`` its SDE noise level.
+    float64 is the schedule the rollout used and ``noise_level`` its SDE noise level;
+    ``stochastic_steps`` how many leading steps were SDE steps (None: all K). Only those have a
+    log-prob to train: the ODE steps after them are deterministic.
     """
 
     latents: torch.Tensor
@@ -34,6 +36,7 @@ class RolloutBatch:
     advantages: torch.Tensor
     sigmas: torch.Tensor
     noise_level: float
+    stochastic_steps: int | None = None
 
 
 def choose_train_timesteps(
@@ -83,6 +86,8 @@ def grpo_update(
     over timesteps so that the learning rate does not depend on how many steps are trained.
     """
     num_samples, num_steps = batch.log_probs.shape
+    if batch.stochastic_steps is not None:
+        num_steps = min(num_steps, batch.stochastic_steps)
     timesteps = choose_train_timesteps(num_steps, config.timestep_fraction, generator, config.timestep_selection)
     order = torch.randperm(num_samples, generator=generator)
     minibatches = order.chunk(config.num_minibatches)

@@ -169,3 +169,19 @@ def test_bad_step_ranges_raise() -> None:
                start_latents=initial_latents(SEEDS, SHAPE), start_step=3, stop_step=2)
     with pytest.raises(ValueError, match="num_steps"):
         sample(nonlinear_velocity, SEEDS, plan, SHAPE, stop_step=5)
+
+
+@pytest.mark.parametrize("window", [1, 3])
+def test_an_sde_window_is_sde_steps_then_the_ode_from_the_committed_latent(window: int) -> None:
+    windowed = SamplingPlan(num_steps=5, sampler="sde", sde_steps=window)
+    trajectory = sample(nonlinear_velocity, SEEDS, windowed, SHAPE)
+    sde_part = sample(nonlinear_velocity, SEEDS, SamplingPlan(num_steps=5, sampler="sde"), SHAPE, stop_step=window)
+    ode_part = sample(nonlinear_velocity, SEEDS, SamplingPlan(num_steps=5, sampler="ode"), SHAPE,
+                      start_latents=sde_part.final, start_step=window)
+    assert torch.equal(trajectory.latents[:, : window + 1], sde_part.latents)
+    assert torch.equal(trajectory.final, ode_part.final)
+    assert (trajectory.log_probs[:, :window] != 0).all()
+    assert (trajectory.log_probs[:, window:] == 0).all()
+    assert windowed.stochastic_steps == window
+    assert SamplingPlan(num_steps=5, sampler="ode", sde_steps=3).stochastic_steps == 0
+    assert SamplingPlan(num_steps=5, sampler="sde", sde_steps=9).stochastic_steps == 5

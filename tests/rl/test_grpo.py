@@ -8,6 +8,7 @@ from spotlight.config import TrainSection
 from spotlight.diffusion.noise import initial_latents
 from spotlight.diffusion.sampler import SamplingPlan, sample
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
+from spotlight.rl import grpo
 from spotlight.rl.grpo import RolloutBatch, choose_train_timesteps, grpo_update
 from spotlight.tasks.shapes import VOCAB, tokenize
 
@@ -177,3 +178,21 @@ def test_train_timesteps_vary_and_cover_every_step() -> None:
 def test_early_train_timesteps_are_always_the_first_highest_noise_steps() -> None:
     generator = torch.Generator().manual_seed(0)
     assert [choose_train_timesteps(10, 0.3, generator, "early") for _ in range(5)] == [[0, 1, 2]] * 5
+
+
+def test_update_trains_only_the_sde_window_of_a_windowed_rollout(monkeypatch) -> None:
+    """With SDE steps [0, 2) of 4, a step after the window has no log-prob: replaying it must not be trained."""
+    model = randomised_model(5)
+    batch = rollout_batch(model, num_steps=4)
+    batch.stochastic_steps = 2
+    trained: list[int] = []
+    original = grpo.step_log_prob_and_mean
+
+    def recording(model_, batch_, rows, step):
+        trained.append(step)
+        return original(model_, batch_, rows, step)
+
+    monkeypatch.setattr(grpo, "step_log_prob_and_mean", recording)
+    grpo_update(model, None, torch.optim.SGD(model.parameters(), lr=0.1), batch,
+                TrainSection(timestep_fraction=1.0, kl_beta=0.0), torch.Generator().manual_seed(0))
+    assert sorted(set(trained)) == [0, 1]
