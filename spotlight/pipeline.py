@@ -31,7 +31,7 @@ from spotlight.config import TrainConfig, TrainSection, dump_config
 from spotlight.diffusion.noise import stream_key
 from spotlight.diffusion.sampler import SamplingPlan, Trajectory
 from spotlight.evaluation import evaluate
-from spotlight.explore.candidates import score_candidates
+from spotlight.explore.candidates import exploration_sampling, score_candidates
 from spotlight.explore.planner import ExplorationPlanner, ExplorePlan
 from spotlight.explore.selection import select_seeds
 from spotlight.explore.staleness import StalenessMonitor
@@ -143,8 +143,8 @@ def explore(
 
     Returns the exploration and the (P, N) candidate rewards (the staleness monitor compares them).
     """
-    rewards = score_candidates(explorer, prompts, candidates, plan, reward, config.rollout.shift,
-                               config.rollout.noise_level)
+    sampling = exploration_sampling(plan, rollout_plan(config))
+    rewards = score_candidates(explorer, prompts, candidates, sampling, reward)
     return select_explored(rewards, candidates, config, generator), rewards
 
 

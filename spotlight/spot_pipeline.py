@@ -39,8 +39,8 @@ import torch
 from ray.exceptions import GetTimeoutError, RayError
 
 from spotlight.config import TrainConfig
-from spotlight.diffusion.sampler import SamplingPlan, Trajectory
-from spotlight.explore.candidates import score_latents
+from spotlight.diffusion.sampler import Trajectory
+from spotlight.explore.candidates import exploration_sampling, score_latents
 from spotlight.explore.planner import ExplorationPlanner, ExplorePlan, round_budget
 from spotlight.models.tinydit import TinyDiTConfig
 from spotlight.pipeline import (
@@ -568,12 +568,11 @@ class RayRuntime:
         plan_metrics.update({"planner/num_candidates": float(plan.num_candidates),
                              "planner/num_steps": float(plan.num_steps)})
         candidates = candidate_seeds(config.seed, target, len(prompts), plan.num_candidates)
-        sampling = SamplingPlan(plan.num_steps, config.rollout.shift, plan.sampler, config.rollout.noise_level)
+        sampling = exploration_sampling(plan, rollout_plan(config))
         requests = [Request(f"x{target}-{p}-{c}", prompt, int(candidates[p, c]), sampling)
                     for p, prompt in enumerate(prompts) for c in range(plan.num_candidates)]
         if monitor is not None:
-            monitor_sampling = SamplingPlan(monitor["plan"].num_steps, config.rollout.shift, monitor["plan"].sampler,
-                                            config.rollout.noise_level)
+            monitor_sampling = exploration_sampling(monitor["plan"], rollout_plan(config))
             monitor["ids"] = [f"m{monitor['target']}-{p}-{c}" for p in range(len(monitor["prompts"]))
                               for c in range(monitor["candidates"].shape[1])]
             requests += [Request(rid, monitor["prompts"][p], int(monitor["candidates"][p, c]), monitor_sampling)

@@ -28,6 +28,11 @@ class SamplingPlan:
     ``sde_steps`` (SDE sampler only) limits the noise to the first ``sde_steps`` steps and takes the
     rest as ODE steps (as Flow-GRPO-Fast and MixGRPO do): the late steps' noise lands almost directly
     in the pixels, where it changes the reward without being anything the policy decided.
+    ``prefix_of`` = K makes this plan the first ``num_steps - 1`` steps of the K-step plan (the same
+    sigmas, the same seeded noise) followed by one ODE step straight to the data: a cheap look at
+    where the K-step sample of a seed is heading. Exploration needs this: a sample's SDE noise decides
+    most of its reward, so a coarser plan with a schedule of its own ranks seeds almost at random
+    against the rollout (measured on the shapes base model: 5 of 10 steps, correlation about 0).
     """
 
     num_steps: int = 10
@@ -35,17 +40,27 @@ class SamplingPlan:
     sampler: SamplerKind = "sde"
     noise_level: float = 0.7
     sde_steps: int | None = None
+    prefix_of: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.prefix_of is not None and not 1 <= self.num_steps <= self.prefix_of:
+            raise ValueError(f"a prefix plan takes 1..{self.prefix_of} steps of the {self.prefix_of}-step plan "
+                             f"(got num_steps={self.num_steps})")
 
     @property
     def stochastic_steps(self) -> int:
         """How many leading steps draw noise (and have a log-prob): 0 for the ODE sampler."""
         if self.sampler == "ode":
             return 0
-        return self.num_steps if self.sde_steps is None else min(self.sde_steps, self.num_steps)
+        steps = self.num_steps if self.prefix_of is None or self.num_steps == self.prefix_of else self.num_steps - 1
+        return steps if self.sde_steps is None else min(self.sde_steps, steps)
 
     def sigmas(self) -> torch.Tensor:
         """The (num_steps + 1,) float64 sigma schedule of this plan."""
-        return sigma_schedule(self.num_steps, self.shift)
+        if self.prefix_of is None or self.num_steps == self.prefix_of:
+            return sigma_schedule(self.num_steps, self.shift)
+        prefix = sigma_schedule(self.prefix_of, self.shift)[: self.num_steps]
+        return torch.cat([prefix, torch.zeros(1, dtype=torch.float64)])
 
 
 @dataclass

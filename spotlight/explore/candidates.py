@@ -13,27 +13,36 @@ from spotlight.policy import generate, to_images
 from spotlight.rewards.base import Reward, guarded_score
 
 
+def exploration_sampling(plan: ExplorePlan, rollout: SamplingPlan) -> SamplingPlan:
+    """How exploration arm ``plan`` samples for a rollout drawn with ``rollout``.
+
+    An SDE arm of S < K steps takes the rollout's first S - 1 steps (same schedule, same seeded noise)
+    and jumps to the data in one ODE step (`SamplingPlan.prefix_of`); S >= K is the rollout itself, so
+    with fresh weights its candidates are the rollout's samples. An ODE arm samples S ODE steps of its
+    own schedule. Why: a sample's SDE noise decides most of its reward, so only arms that walk the
+    rollout's noise path rank seeds the way the rollout will score them.
+    """
+    if plan.sampler == "ode":
+        return SamplingPlan(num_steps=plan.num_steps, shift=rollout.shift, sampler="ode")
+    if plan.num_steps >= rollout.num_steps:
+        return rollout
+    return SamplingPlan(num_steps=plan.num_steps, shift=rollout.shift, sampler="sde", noise_level=rollout.noise_level,
+                        sde_steps=rollout.sde_steps, prefix_of=rollout.num_steps)
+
+
 def score_candidates(
-    model: TinyDiT,
-    prompts: Sequence[str],
-    seeds: torch.Tensor,
-    plan: ExplorePlan,
-    reward: Reward,
-    shift: float = 1.0,
-    noise_level: float = 0.7,
+    model: TinyDiT, prompts: Sequence[str], seeds: torch.Tensor, sampling: SamplingPlan, reward: Reward
 ) -> torch.Tensor:
-    """Rewards (P, N) of each prompt's N candidate seeds (P, N) under ``plan``; NaN where scoring failed.
+    """Rewards (P, N) of each prompt's N candidate seeds (P, N) sampled with ``sampling``; NaN where scoring failed.
 
     A pure function of (weights, prompts, seeds, plan): the same call on a spot worker with stale
-    weights, or on the trainer with fresh ones, differs only through the weights. The SDE sampler
-    follows each seed's own noise stream, so with ``plan.num_steps`` equal to the rollout's and fresh
-    weights the candidate IS the rollout sample.
+    weights, or on the trainer with fresh ones, differs only through the weights. With the rollout's
+    own sampling plan and fresh weights the candidate IS the rollout sample.
     """
     num_prompts, num_candidates = seeds.shape
     if len(prompts) != num_prompts:
         raise ValueError(f"need one row of seeds per prompt (got {len(prompts)} prompts, {num_prompts} rows)")
     expanded = [prompt for prompt in prompts for _ in range(num_candidates)]
-    sampling = SamplingPlan(num_steps=plan.num_steps, shift=shift, sampler=plan.sampler, noise_level=noise_level)
     trajectory = generate(model, expanded, seeds.reshape(-1).tolist(), sampling, record=False)
     return score_latents(trajectory.final, prompts, reward)
 

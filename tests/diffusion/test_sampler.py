@@ -185,3 +185,20 @@ def test_an_sde_window_is_sde_steps_then_the_ode_from_the_committed_latent(windo
     assert windowed.stochastic_steps == window
     assert SamplingPlan(num_steps=5, sampler="ode", sde_steps=3).stochastic_steps == 0
     assert SamplingPlan(num_steps=5, sampler="sde", sde_steps=9).stochastic_steps == 5
+
+
+def test_a_prefix_plan_walks_the_full_plans_first_steps_then_jumps_to_the_data() -> None:
+    full = SamplingPlan(num_steps=6, shift=3.0, sampler="sde")
+    prefix = SamplingPlan(num_steps=4, shift=3.0, sampler="sde", prefix_of=6)
+    assert torch.equal(prefix.sigmas()[:4], full.sigmas()[:4])
+    assert prefix.sigmas()[4] == 0.0
+    assert prefix.stochastic_steps == 3
+    full_path = sample(nonlinear_velocity, SEEDS, full, SHAPE)
+    prefix_path = sample(nonlinear_velocity, SEEDS, prefix, SHAPE)
+    assert torch.equal(prefix_path.latents[:, :4], full_path.latents[:, :4])
+    x, sigma = full_path.latents[:, 3], float(full.sigmas()[3])
+    jumped = x - sigma * nonlinear_velocity(x, torch.full((len(SEEDS),), sigma))
+    assert torch.allclose(prefix_path.final, jumped, atol=1e-6)
+    assert (prefix_path.log_probs[:, 3] == 0).all()
+    with pytest.raises(ValueError, match="prefix plan takes 1..6 steps"):
+        SamplingPlan(num_steps=7, prefix_of=6)

@@ -1,0 +1,35 @@
+import torch
+from random_models import randomised_tinydit
+
+from spotlight.diffusion.sampler import SamplingPlan
+from spotlight.explore.candidates import exploration_sampling
+from spotlight.explore.planner import ExplorePlan
+from spotlight.models.tinydit import TinyDiTConfig
+from spotlight.policy import generate
+from spotlight.tasks.shapes import VOCAB
+
+ROLLOUT = SamplingPlan(num_steps=6, shift=3.0, sampler="sde", noise_level=0.7, sde_steps=4)
+CONFIG = TinyDiTConfig(image_size=8, in_channels=3, patch_size=4, dim=32, depth=1, num_heads=2,
+                       vocab_size=len(VOCAB), max_text_len=8)
+
+
+def test_a_full_length_sde_arm_is_the_rollout_itself() -> None:
+    assert exploration_sampling(ExplorePlan(16, 6), ROLLOUT) == ROLLOUT
+    assert exploration_sampling(ExplorePlan(16, 9), ROLLOUT) == ROLLOUT
+
+
+def test_a_shorter_sde_arm_walks_the_rollouts_first_steps() -> None:
+    sampling = exploration_sampling(ExplorePlan(16, 3), ROLLOUT)
+    assert sampling.prefix_of == 6 and sampling.num_steps == 3
+    assert (sampling.shift, sampling.noise_level, sampling.sde_steps) == (3.0, 0.7, 4)
+    model = randomised_tinydit(CONFIG, 0, 0.2)
+    prompts, seeds = ["a red circle"] * 3, [4, 5, 6]
+    rollout = generate(model, prompts, seeds, ROLLOUT)
+    explored = generate(model, prompts, seeds, sampling)
+    assert torch.equal(explored.latents[:, :3], rollout.latents[:, :3])
+    assert not torch.equal(explored.final, rollout.final)
+
+
+def test_an_ode_arm_samples_its_own_ode_schedule() -> None:
+    sampling = exploration_sampling(ExplorePlan(16, 4, "ode"), ROLLOUT)
+    assert sampling == SamplingPlan(num_steps=4, shift=3.0, sampler="ode")
