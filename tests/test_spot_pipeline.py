@@ -28,7 +28,7 @@ def runtime_config(base: Path, run_dir: Path, trace: Path, **runtime) -> TrainCo
     return parse_config(TrainConfig, {
         "mode": "spotlight", "base_checkpoint": str(base), "run_dir": str(run_dir), "iterations": 2,
         "checkpoint_every": 1,
-        "rollout": {"prompts_per_iteration": 2, "group_size": 3, "num_steps": 3},
+        "rollout": {"prompts_per_iteration": 2, "group_size": 3, "num_steps": 7},
         "train": {"kl_beta": 0.01, "num_minibatches": 1, "ema_decay": 0.5},
         "explore": {"monitor_prompts": 1},
         "eval": {"every": 10, "seeds_per_prompt": 1, "num_steps": 2, "grid_prompts": 2},
@@ -43,7 +43,8 @@ def spotlight_run(tiny_base_model: Path, tmp_path_factory: pytest.TempPathFactor
     """A finished 2-iteration spotlight run whose spot node gets a notice 3 s in, goes at 3.5 s, is back at 4.5 s.
 
     The exploration round for iteration 2 (opened after iteration 1's rollout, well before 3 s) takes
-    at least 6 s: 6 denoising passes of at least 1 s each (runtime.min_step_s), so the notice lands
+    at least 6 s: 6 denoising passes of at least 1 s each (runtime.min_step_s; a 6-step arm of a 7-step
+    rollout is its first 5 steps and one jump to the data), so the notice lands
     in the middle of it, however fast or loaded the machine is.
     """
     folder = tmp_path_factory.mktemp("loop")

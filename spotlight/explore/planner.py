@@ -56,7 +56,7 @@ class PlannerConfig(Section):
     """The bandit's arms and rule. Defaults run; see ExplorationPlanner for what each knob does."""
 
     num_candidates: tuple[int, ...] = (8, 16, 32, 64)
-    num_steps: tuple[int, ...] = (2, 4, 8)
+    num_steps: tuple[int, ...] = (4, 7, 10)
     sampler: Sampler = "sde"
     cost_weight: float = Field(0.0, ge=0, le=1)  # λ
     discount: float = Field(0.95, gt=0, le=1)  # γ

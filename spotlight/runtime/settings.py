@@ -60,5 +60,5 @@ class RuntimeSection(Section):
     prices: PricesSection = PricesSection()
     planner: PlannerConfig = PlannerConfig(
         num_candidates=(8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128),
-        num_steps=(2, 4, 6),
+        num_steps=(4, 7, 10),
     )
