@@ -89,7 +89,8 @@ def main() -> None:
                if name != "planner" and entry["overrun_s_median"] == 0.0}
     best_fitting = max(fitting, key=lambda name: fitting[name]["group_reward_var"]) if fitting else None
 
-    print(f"{'run':<18}{'group var':>11}{'group std':>11}{'explore s':>11}{'train s':>9}{'overrun s (median/mean)':>26}")
+    print(f"{'run':<18}{'group var':>11}{'group std':>11}{'explore s':>11}{'train s':>9}"
+          f"{'overrun s (median/mean)':>26}")
     for name, entry in summary.items():
         print(f"{name:<18}{entry['group_reward_var']:>11.4f}{entry['group_reward_std']:>11.3f}"
               f"{entry['explore_s']:>11.2f}{entry['train_s']:>9.2f}"
