@@ -42,13 +42,15 @@ class RolloutBatch:
 def choose_train_timesteps(
     num_steps: int, fraction: float, generator: torch.Generator, selection: str = "random"
 ) -> list[int]:
-    """The denoising steps trained on this iteration: ``ceil(fraction * K)`` of them.
+    """The denoising steps trained on this iteration: ``ceil(fraction * K)`` of the K SDE steps.
 
     ``random`` draws them afresh every iteration (Flow-GRPO-Fast): the update's cost falls in
     proportion and every step is still trained on over the iterations. ``early`` always takes the
-    first (highest-noise) steps: where a reward judges composition (how many objects, where), the
-    decision is made there, and the noise of late steps only adds variance to the gradient. The
-    generator is drawn from either way, so both keep the same random stream for what follows.
+    first (highest-noise) steps. Which steps matter is measurable (benchmarks/noise_attribution.py):
+    on the shapes task the first 3 of 10 steps decide under a fifth of a group's reward variance,
+    steps 3-5 about half, so training only the first 30% left the gradient mostly noise; the
+    default trains every SDE step of the windowed rollout. The generator is drawn from either way,
+    so both keep the same random stream for what follows.
     """
     count = max(1, math.ceil(fraction * num_steps))
     drawn = sorted(torch.randperm(num_steps, generator=generator)[:count].tolist())
