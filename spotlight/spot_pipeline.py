@@ -568,11 +568,12 @@ class RayRuntime:
         plan_metrics.update({"planner/num_candidates": float(plan.num_candidates),
                              "planner/num_steps": float(plan.num_steps)})
         candidates = candidate_seeds(config.seed, target, len(prompts), plan.num_candidates)
-        sampling = exploration_sampling(plan, rollout_plan(config))
+        rollout_sampling = rollout_plan(config)
+        sampling = exploration_sampling(plan, rollout_sampling)
         requests = [Request(f"x{target}-{p}-{c}", prompt, int(candidates[p, c]), sampling)
                     for p, prompt in enumerate(prompts) for c in range(plan.num_candidates)]
         if monitor is not None:
-            monitor_sampling = exploration_sampling(monitor["plan"], rollout_plan(config))
+            monitor_sampling = exploration_sampling(monitor["plan"], rollout_sampling)
             monitor["ids"] = [f"m{monitor['target']}-{p}-{c}" for p in range(len(monitor["prompts"]))
                               for c in range(monitor["candidates"].shape[1])]
             requests += [Request(rid, monitor["prompts"][p], int(monitor["candidates"][p, c]), monitor_sampling)

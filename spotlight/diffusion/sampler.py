@@ -48,16 +48,21 @@ class SamplingPlan:
                              f"(got num_steps={self.num_steps})")
 
     @property
+    def jumps_to_data(self) -> bool:
+        """True for a prefix plan shorter than its full plan: its last step is the ODE jump to the data."""
+        return self.prefix_of is not None and self.num_steps < self.prefix_of
+
+    @property
     def stochastic_steps(self) -> int:
         """How many leading steps draw noise (and have a log-prob): 0 for the ODE sampler."""
         if self.sampler == "ode":
             return 0
-        steps = self.num_steps if self.prefix_of is None or self.num_steps == self.prefix_of else self.num_steps - 1
+        steps = self.num_steps - 1 if self.jumps_to_data else self.num_steps
         return steps if self.sde_steps is None else min(self.sde_steps, steps)
 
     def sigmas(self) -> torch.Tensor:
         """The (num_steps + 1,) float64 sigma schedule of this plan."""
-        if self.prefix_of is None or self.num_steps == self.prefix_of:
+        if not self.jumps_to_data:
             return sigma_schedule(self.num_steps, self.shift)
         prefix = sigma_schedule(self.prefix_of, self.shift)[: self.num_steps]
         return torch.cat([prefix, torch.zeros(1, dtype=torch.float64)])
