@@ -28,7 +28,7 @@ from provenance import RESULTS, git_commit, machine
 
 from spotlight.diffusion.noise import initial_latents
 from spotlight.diffusion.sampler import SamplingPlan, sample
-from spotlight.explore.candidates import exploration_sampling
+from spotlight.explore.candidates import exploration_sampling, score_candidates
 from spotlight.explore.planner import ExplorePlan
 from spotlight.explore.selection import select_max_variance
 from spotlight.policy import generate, prompt_tokens, to_images, velocity_fn
@@ -102,6 +102,7 @@ def main() -> None:
 
     expanded = [p for p in prompts for _ in range(args.candidates)]
     seeds = list(range(90_000, 90_000 + len(expanded)))
+    candidate_seeds = torch.tensor(seeds).view(len(prompts), args.candidates)
     samplers = {"sde": full_sde, f"sde window {args.sde_steps}": windowed,
                 "ode": SamplingPlan(args.num_steps, args.shift, "ode")}
     quality, rollout_rewards = {}, {}
@@ -118,8 +119,7 @@ def main() -> None:
         for arm_steps in args.arm_steps:
             for sampler in ("sde", "ode"):
                 sampling = exploration_sampling(ExplorePlan(args.candidates, arm_steps, sampler), rollout)
-                final = generate(model, expanded, seeds, sampling, record=False).final
-                explored = score(reward, final, expanded)[0].view(len(prompts), args.candidates)
+                explored = score_candidates(model, prompts, candidate_seeds, sampling, reward)
                 chosen = torch.stack([select_max_variance(row, args.group_size) for row in explored])
                 selected_std = float(torch.gather(truth, 1, chosen).std(dim=1, unbiased=False).mean())
                 arms.append({"rollout": rollout_name, "arm_steps": arm_steps, "sampler": sampler,

@@ -22,15 +22,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from exploration_convergence import run_one
 from provenance import RESULTS, git_commit, machine
-
-from spotlight.config import TrainConfig, load_config
-from spotlight.pipeline import train
-
-
-def run_one(overrides: list[str]) -> list[dict]:
-    """One stale-explore training run in this worker process; returns its metrics history."""
-    return train(load_config(TrainConfig, None, overrides)).history
 
 
 def summarise(history: list[dict], skip: int) -> dict[str, float]:
@@ -78,7 +71,7 @@ def main() -> None:
                        f"explore.planner.num_steps={args.num_steps}", f"run_dir={args.runs_dir}/planner"]
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        futures = {name: pool.submit(run_one, overrides) for name, overrides in runs.items()}
+        futures = {name: pool.submit(run_one, None, overrides) for name, overrides in runs.items()}
         histories = {name: future.result() for name, future in futures.items()}
 
     summary = {name: summarise(history, args.skip) for name, history in histories.items()}
