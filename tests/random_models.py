@@ -6,6 +6,11 @@ from __future__ import annotations
 import torch
 
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
+from spotlight.tasks.shapes import VOCAB
+
+# The smallest TinyDiT that reads shapes prompts: 8x8 RGB, 2x2 patches of 4 px, one block.
+TINY_SHAPES_CONFIG = TinyDiTConfig(image_size=8, in_channels=3, patch_size=4, dim=32, depth=1, num_heads=2,
+                                   vocab_size=len(VOCAB), max_text_len=8)
 
 
 def randomised_tinydit(config: TinyDiTConfig, seed: int, std: float, dtype: torch.dtype = torch.float32) -> TinyDiT:

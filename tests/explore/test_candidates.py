@@ -1,16 +1,13 @@
 import torch
-from random_models import randomised_tinydit
+from random_models import TINY_SHAPES_CONFIG, randomised_tinydit
 
 from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.explore.candidates import exploration_sampling
 from spotlight.explore.planner import ExplorePlan
-from spotlight.models.tinydit import TinyDiTConfig
 from spotlight.policy import generate
-from spotlight.tasks.shapes import VOCAB
 
 ROLLOUT = SamplingPlan(num_steps=6, shift=3.0, sampler="sde", noise_level=0.7, sde_steps=4)
-CONFIG = TinyDiTConfig(image_size=8, in_channels=3, patch_size=4, dim=32, depth=1, num_heads=2,
-                       vocab_size=len(VOCAB), max_text_len=8)
+CONFIG = TINY_SHAPES_CONFIG
 
 
 def test_a_full_length_sde_arm_is_the_rollout_itself() -> None:

@@ -2,18 +2,17 @@ import math
 
 import pytest
 import torch
-from random_models import randomised_tinydit
+from random_models import TINY_SHAPES_CONFIG, randomised_tinydit
 
 from spotlight.config import TrainSection
 from spotlight.diffusion.noise import initial_latents
 from spotlight.diffusion.sampler import SamplingPlan, sample
-from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
+from spotlight.models.tinydit import TinyDiT
 from spotlight.rl import grpo
 from spotlight.rl.grpo import RolloutBatch, choose_train_timesteps, grpo_update
-from spotlight.tasks.shapes import VOCAB, tokenize
+from spotlight.tasks.shapes import tokenize
 
-CONFIG = TinyDiTConfig(image_size=8, in_channels=3, patch_size=4, dim=32, depth=1, num_heads=2,
-                       vocab_size=len(VOCAB), max_text_len=8)
+CONFIG = TINY_SHAPES_CONFIG
 PROMPTS = ["a red circle", "two blue squares", "a green circle above a yellow triangle"]
 NOISE_LEVEL = 0.7
 
