@@ -67,7 +67,7 @@ from spotlight.runtime.preemption import TraceReplay
 from spotlight.runtime.queue import Request, start_queue_actor
 from spotlight.runtime.settings import RUNTIME_MODES
 from spotlight.runtime.worker import WorkerSettings, model_weights
-from spotlight.sim.traces import TraceError, default_trace_dir, load_trace
+from spotlight.sim.traces import TraceError, find_trace, load_trace
 
 __all__ = ["RayRuntime", "run_on_ray", "uses_ray"]
 
@@ -98,16 +98,11 @@ def run_on_ray(config: TrainConfig, resume: bool = False, reward: Reward | None 
 
 
 def resolve_trace(name: str) -> Path:
-    """A trace file: a path as given, or a name in the shared trace folder."""
-    path = Path(name)
-    if path.is_file():
-        return path
-    folder = default_trace_dir()
-    if (folder / name).is_file():
-        return folder / name
-    raise TraceError(f"runtime.trace {name!r}: no such file here or in {folder}; name a file there "
-                     f"({', '.join(sorted(p.name for p in folder.iterdir() if p.suffix in ('.csv', '.txt')))}) "
-                     "or set runtime.trace=null to run without preemptions")
+    """A trace file: a path as given, or the name of a trace shipped in the package."""
+    try:
+        return find_trace(name)
+    except TraceError as error:
+        raise TraceError(f"runtime.trace: {error}, or set runtime.trace=null to run without preemptions") from None
 
 
 @dataclass

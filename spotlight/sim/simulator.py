@@ -52,7 +52,6 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Literal, get_args
 
 import numpy as np
@@ -64,7 +63,7 @@ from spotlight.explore.planner import ExplorationPlanner, ExplorePlan, PlannerCo
 from spotlight.sim.convergence import ConvergenceConfig, SignalConfig, SignalModel, resolve_convergence
 from spotlight.sim.cost import POOLS, CostMeter, Phase, Pool, Usage
 from spotlight.sim.prices import Offering, PriceError, load_prices, price_override
-from spotlight.sim.traces import Availability, default_trace_dir, load_trace
+from spotlight.sim.traces import Availability, find_trace, load_trace
 from spotlight.sim.workload import (
     DeviceTimes,
     WorkloadConfig,
@@ -102,7 +101,7 @@ _STALL_HORIZON_S = 1e9
 class ClusterConfig(Section):
     """The devices, their prices and their preemptions.
 
-    trace: a file name in the spot trace folder (`traces.default_trace_dir`) or a path. Its live
+    trace: a path, or the name of a trace shipped in the package (`traces.find_trace`). Its live
     count is mapped onto `spot_devices` (count · spot_devices / the trace's peak, rounded down) and
     its times multiplied by `trace_time_scale`. notice_s: warning before a preemption (AWS gives
     120 s, GCP 30 s; 0 = none). recovery: `elastic` (agents re-form SP groups in
@@ -798,10 +797,7 @@ def _price(offering: Offering, kind: Literal["on_demand", "spot"], where: str) -
 
 def resolve_trace(name: str) -> Availability:
     """Return the Availability of `name`: an existing path, or a file in the spot trace folder."""
-    path = Path(name)
-    if not path.is_file():
-        path = default_trace_dir() / name
-    return load_trace(path)
+    return load_trace(find_trace(name))
 
 
 def simulate(

@@ -26,7 +26,7 @@ EventKind = Literal["add", "remove"]
 
 EVENT_FORMAT = "'milliseconds,add|remove,nodeN'"
 SAMPLE_FORMAT = "'date, time, available_nodes' (e.g. '2021-12-11, 11:11:30, 55')"
-TRACE_DIR_ENV = "SPOTLIGHT_TRACE_DIR"
+TRACE_DIR = Path(__file__).resolve().parents[1] / "assets" / "traces"  # shipped with the package
 
 _INTEGER = re.compile(r"\d+")
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
@@ -219,27 +219,28 @@ def _live_nodes(events: Iterable[NodeEvent]) -> list[str]:
 
 
 def default_trace_dir() -> Path:
-    """Return the folder of the real spot traces.
+    """Return the folder of the real spot traces shipped inside the package (`spotlight/assets/traces`).
 
-    `$SPOTLIGHT_TRACE_DIR` if set; otherwise `shared/traces` beside the repository (the repo's
-    parent holds `shared/`, as in CI) or inside it. Raises TraceError naming where it looked.
+    They ship with the code (with their licence) so that a fresh install replays them with nothing
+    beside it; a user's own trace is a path (`find_trace`).
     """
-    override = os.environ.get(TRACE_DIR_ENV)
-    if override:
-        folder = Path(override)
-        if not folder.is_dir():
-            raise TraceError(f"{TRACE_DIR_ENV}={override}: not a folder; point it at the spot trace folder")
-        return folder
-    repo_root = Path(__file__).resolve().parents[2]
-    candidates = [repo_root.parent / "shared" / "traces", repo_root / "shared" / "traces"]
-    for folder in candidates:
-        if folder.is_dir():
-            return folder
-    looked = " and ".join(str(folder) for folder in candidates)
-    raise TraceError(
-        f"no spot trace folder: looked in {looked}; set {TRACE_DIR_ENV} to the folder holding "
-        "aws-p3-bamboo.csv and gcp-a100x1-bamboo.txt"
-    )
+    return TRACE_DIR
+
+
+def find_trace(name: str | os.PathLike[str]) -> Path:
+    """Return the trace file ``name``: a path as given if it exists, else a file of the shipped traces.
+
+    Raises TraceError naming both places and the shipped files, so a typo is one line to fix.
+    """
+    path = Path(name)
+    if path.is_file():
+        return path
+    shipped = TRACE_DIR / path.name
+    if path.name == str(name) and shipped.is_file():
+        return shipped
+    names = ", ".join(sorted(p.name for p in TRACE_DIR.iterdir() if p.suffix in (".csv", ".txt")))
+    raise TraceError(f"trace {str(name)!r}: no such file, and not one of the shipped traces ({names}); "
+                     "give a path to your own trace or one of those names")
 
 
 def load_trace(path: str | os.PathLike[str], *, seed: int = 0) -> Availability:
@@ -260,7 +261,7 @@ def load_trace(path: str | os.PathLike[str], *, seed: int = 0) -> Availability:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise TraceError(f"{path}: no such trace file; check the path or {TRACE_DIR_ENV}") from None
+        raise TraceError(f"{path}: no such trace file; check the path") from None
     except UnicodeDecodeError:
         raise TraceError(
             f"{path}: not a UTF-8 text file; expected lines of {EVENT_FORMAT} or {SAMPLE_FORMAT}"

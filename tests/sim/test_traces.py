@@ -15,6 +15,7 @@ from spotlight.sim.traces import (
     TraceError,
     default_trace_dir,
     diurnal_trace,
+    find_trace,
     load_trace,
     poisson_trace,
 )
@@ -126,12 +127,27 @@ def test_missing_file_raises_trace_error(tmp_path: Path) -> None:
         load_trace(tmp_path / "nope.csv")
 
 
-def test_trace_dir_env_var_overrides_and_must_exist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SPOTLIGHT_TRACE_DIR", str(tmp_path))
-    assert default_trace_dir() == tmp_path
-    monkeypatch.setenv("SPOTLIGHT_TRACE_DIR", str(tmp_path / "missing"))
-    with pytest.raises(TraceError, match="SPOTLIGHT_TRACE_DIR=.*missing: not a folder"):
-        default_trace_dir()
+def test_shipped_traces_are_found_by_name_with_their_licence_inside_the_package() -> None:
+    import spotlight
+
+    package = Path(spotlight.__file__).resolve().parent
+    for name in ("aws-p3-bamboo.csv", "gcp-a100x1-bamboo.txt"):
+        path = find_trace(name)
+        assert path.is_file() and package in path.parents
+    assert "MIT License" in (default_trace_dir() / "LICENSE-bamboo").read_text()
+
+
+def test_a_path_is_used_as_given_before_the_shipped_traces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    own = write(tmp_path, "aws-p3-bamboo.csv", "0,add,a\n")
+    assert find_trace(own) == own
+    monkeypatch.chdir(tmp_path)  # a relative name that exists here is the user's file, not the shipped one
+    assert find_trace("aws-p3-bamboo.csv") == Path("aws-p3-bamboo.csv")
+
+
+def test_an_unknown_trace_name_is_one_line_naming_the_shipped_traces() -> None:
+    with pytest.raises(TraceError, match=r"'nope\.csv'.*aws-p3-bamboo\.csv, gcp-a100x1-bamboo\.txt") as error:
+        find_trace("nope.csv")
+    assert "\n" not in str(error.value)
 
 
 # --- the real Bamboo traces, checked against a second, naive reading of the file ------------------
