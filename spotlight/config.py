@@ -43,10 +43,18 @@ class RolloutSection(Section):
     # base model: the noise of the last two of 10 steps decides a third of a group's reward variance,
     # pixel luck the policy cannot learn from, and halves strict accuracy against ODE sampling.
     sde_steps: int | None = Field(6, ge=1)
+    # sde or ode; null: the update's own (flow-grpo needs SDE steps' log-probs, nft takes ODE samples,
+    # whose only randomness is the initial latent, so a seed names the sample and exploration ranks it)
+    sampler: Literal["sde", "ode"] | None = None
 
 
 class TrainSection(Section):
-    """The GRPO update."""
+    """The policy update: Flow-GRPO on the reverse process, or NFT on the forward process."""
+
+    # flow-grpo: clipped policy gradient on the SDE steps' log-probs (needs rollout.sampler sde);
+    # nft: DiffusionNFT's flow matching towards a group's better samples and away from its worse
+    # (spotlight/rl/nft.py), any sampler
+    algorithm: Literal["flow-grpo", "nft"] = "nft"
 
     # adamw steps every weight by about the learning rate whatever its gradient's signal; sgd steps
     # along the policy gradient itself, which moves the trained steps' log-probs far more than the
@@ -56,7 +64,9 @@ class TrainSection(Section):
     momentum: float = Field(0.9, ge=0, lt=1)  # sgd only
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, gt=0)
-    clip_range: float = Field(0.2, gt=0)
+    # flow-grpo: the log-prob is a mean over every pixel, so a ratio moves ~1e-4 per update (the
+    # reference's clip range); 0.2 never clipped anything
+    clip_range: float = Field(1e-4, gt=0)
     kl_beta: float = Field(0.004, ge=0)
     adv_std: Literal["group", "global"] = "group"
     adv_clip: float = Field(5.0, gt=0)
@@ -65,6 +75,12 @@ class TrainSection(Section):
     timestep_fraction: float = Field(1.0, gt=0, le=1)
     timestep_selection: Literal["random", "early"] = "early"  # which ceil(fraction * K) steps are trained
     num_minibatches: int = Field(1, ge=1)
+    num_epochs: int = Field(1, ge=1)  # nft: passes over a rollout (its loss keeps the policy near the sampler's)
+    nft_beta: float = Field(1.0, gt=0)  # nft: how far the implicit policies sit from the sampling policy
+    nft_timesteps: int = Field(2, ge=1)  # nft: noise levels drawn per sample per pass
+    nft_adv_scale: float = Field(2.0, gt=0)  # nft: advantage (in group stds) that counts as fully positive
+    # warmed up as min(decay, (1 + i) / (10 + i)): a fixed 0.95 from iteration 0 kept the EMA near the
+    # base model for the first ~40 iterations and hid what the raw model did
     ema_decay: float | None = Field(0.95, ge=0, lt=1)
 
 
@@ -95,7 +111,9 @@ class EvalSection(Section):
     """Validation: strict accuracy of ODE samples at fixed seeds on the validation prompts."""
 
     every: int = Field(10, ge=1)
-    seeds_per_prompt: int = Field(4, ge=1)
+    # 80 validation prompts x 20 seeds = 1,600 samples: a binomial standard error of 0.011 at 25-35%
+    seeds_per_prompt: int = Field(20, ge=1)
+    raw_model: bool = True  # also validate the raw weights, not only the EMA (logged as val_raw/...)
     num_steps: int = Field(10, ge=1)
     grid_prompts: int = Field(8, ge=1)
 
@@ -117,6 +135,20 @@ class TrainConfig(Section):
     reward: RewardSection = RewardSection()
     eval: EvalSection = EvalSection()
     runtime: RuntimeSection = RuntimeSection()
+
+    @property
+    def rollout_sampler(self) -> Literal["sde", "ode"]:
+        """The rollout's sampler: ``rollout.sampler``, or the update's own (SDE for flow-grpo, ODE for nft)."""
+        if self.rollout.sampler is not None:
+            return self.rollout.sampler
+        return "sde" if self.train.algorithm == "flow-grpo" else "ode"
+
+    @model_validator(mode="after")
+    def _grpo_has_log_probs(self) -> TrainConfig:
+        if self.train.algorithm == "flow-grpo" and self.rollout_sampler == "ode":
+            raise ValueError("train.algorithm flow-grpo trains the log-probs of SDE steps: set rollout.sampler "
+                             "to sde (or null), or train.algorithm to nft")
+        return self
 
     @model_validator(mode="after")
     def _explore_covers_group(self) -> TrainConfig:

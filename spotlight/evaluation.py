@@ -26,8 +26,23 @@ class EvalResult:
     images: torch.Tensor
     prompts: list[str]
 
+    @property
+    def num_samples(self) -> int:
+        return len(self.prompts)
+
+    @property
+    def strict_accuracy_se(self) -> float:
+        """Binomial standard error of the strict accuracy over the validation samples.
+
+        It measures the noise of scoring a model on these fixed prompts and seeds, the number to
+        compare two checkpoints of one run by; it does not include the spread over other prompt sets.
+        """
+        p = self.strict_accuracy
+        return (p * (1.0 - p) / max(self.num_samples, 1)) ** 0.5
+
     def metrics(self, prefix: str = "val") -> dict[str, float]:
-        out = {f"{prefix}/strict_accuracy": self.strict_accuracy, f"{prefix}/reward": self.mean_reward}
+        out = {f"{prefix}/strict_accuracy": self.strict_accuracy, f"{prefix}/reward": self.mean_reward,
+               f"{prefix}/strict_accuracy_se": self.strict_accuracy_se}
         out.update({f"{prefix}/accuracy_{kind}": value for kind, value in self.accuracy_by_kind.items()})
         return out
 

@@ -37,7 +37,7 @@ from spotlight.explore.selection import select_seeds
 from spotlight.explore.staleness import StalenessMonitor
 from spotlight.models.tinydit import TinyDiT
 from spotlight.policy import generate, prompt_tokens, to_images
-from spotlight.pretrain import update_ema
+from spotlight.pretrain import ema_decay_at, update_ema
 from spotlight.report.grid import save_grid
 from spotlight.rewards.base import Reward, guarded_score
 from spotlight.rl.advantages import group_advantages
@@ -45,10 +45,14 @@ from spotlight.rl.checkpoint import (
     latest_checkpoint,
     load_model,
     load_training_state,
+    save_model,
     save_training_checkpoint,
 )
 from spotlight.rl.grpo import RolloutBatch, grpo_update
+from spotlight.rl.nft import nft_update
 from spotlight.tasks.registry import get_task, task_of
+
+GRID_SEEDS = 4  # columns of the validation sample grid: the first seeds of each shown prompt
 
 
 class RunError(RuntimeError):
@@ -82,7 +86,7 @@ class Rollout:
 def rollout_plan(config: TrainConfig) -> SamplingPlan:
     """The SDE sampling plan of GRPO rollouts (what every device that helps a rollout runs)."""
     section = config.rollout
-    return SamplingPlan(num_steps=section.num_steps, shift=section.shift, sampler="sde",
+    return SamplingPlan(num_steps=section.num_steps, shift=section.shift, sampler=config.rollout_sampler,
                         noise_level=section.noise_level, sde_steps=section.sde_steps)
 
 
@@ -191,7 +195,8 @@ class Trainer:
             raise RunError(f"base_checkpoint {config.base_checkpoint} is a {task_of(self.model).name!r} model, "
                            f"but task is {config.task!r}: set task to {task_of(self.model).name!r} or pick "
                            f"a {config.task!r} model")
-        self.reference = load_model(config.base_checkpoint).requires_grad_(False) if config.train.kl_beta > 0 else None
+        uses_reference = config.train.algorithm == "flow-grpo" and config.train.kl_beta > 0
+        self.reference = load_model(config.base_checkpoint).requires_grad_(False) if uses_reference else None
         self.ema = copy.deepcopy(self.model).requires_grad_(False) if config.train.ema_decay else None
         self.previous = copy.deepcopy(self.model).requires_grad_(False)  # θ_{i-1} for stale exploration
         self.optimizer = build_optimizer(self.model, config.train)
@@ -199,6 +204,7 @@ class Trainer:
         self.planner = ExplorationPlanner(config.explore.planner) if config.explore.planner is not None else None
         self.budget_s = config.explore.initial_budget_s  # the training time exploration must fit in
         self.start_iteration = 0
+        self.best_accuracy = float("-inf")
         self.history: list[dict[str, Any]] = []
         if resume:
             self._resume()
@@ -227,6 +233,8 @@ class Trainer:
         metrics_path = self.run_dir / "metrics.jsonl"
         kept = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
         self.history = [record for record in kept if record["iteration"] <= state.iteration]
+        self.best_accuracy = max((r["val/strict_accuracy"] for r in self.history if "val/strict_accuracy" in r),
+                                 default=float("-inf"))
         metrics_path.write_text("".join(json.dumps(record) + "\n" for record in self.history))
 
     @property
@@ -234,14 +242,29 @@ class Trainer:
         return self.ema if self.ema is not None else self.model
 
     def validate(self, iteration: int) -> dict[str, float]:
-        """Strict validation accuracy (ODE, fixed seeds) and a sample grid of the first prompts."""
+        """Strict validation accuracy (ODE, fixed seeds) of the EMA and the raw weights; a sample grid.
+
+        Keeps the best EMA so far in ``checkpoints/best`` (a run can pass its peak; the best is what
+        a user ships).
+        """
         section = self.config.eval
         result = evaluate(self.eval_model, self.val_prompts, self.reward, section.seeds_per_prompt,
                           section.num_steps, self.config.rollout.shift)
-        shown = section.grid_prompts * section.seeds_per_prompt
-        save_grid(result.images[:shown], result.prompts[:shown], self.run_dir / "samples" / f"iter-{iteration:05d}.png",
-                  columns=section.seeds_per_prompt)
-        return result.metrics()
+        columns = min(section.seeds_per_prompt, GRID_SEEDS)
+        shown = [p * section.seeds_per_prompt + s for p in range(section.grid_prompts) for s in range(columns)]
+        shown = [index for index in shown if index < len(result.prompts)]
+        save_grid(result.images[shown], [result.prompts[i] for i in shown],
+                  self.run_dir / "samples" / f"iter-{iteration:05d}.png", columns=columns)
+        metrics = result.metrics()
+        if section.raw_model and self.ema is not None:
+            raw = evaluate(self.model, self.val_prompts, self.reward, section.seeds_per_prompt, section.num_steps,
+                           self.config.rollout.shift)
+            metrics.update(raw.metrics(prefix="val_raw"))
+        if metrics["val/strict_accuracy"] > self.best_accuracy:
+            self.best_accuracy = metrics["val/strict_accuracy"]
+            save_model(self.run_dir / "checkpoints" / "best", self.eval_model,
+                       {"iteration": iteration, "val/strict_accuracy": self.best_accuracy})
+        return metrics
 
     def explore_plan(self, num_prompts: int) -> tuple[ExplorePlan | None, dict[str, float]]:
         """This iteration's exploration plan: the planner's choice within the budget, or the fixed plan."""
@@ -351,13 +374,17 @@ class Trainer:
 
         The training time becomes the next exploration budget: what exploration hides behind.
         """
+        section = self.config.train
         self.previous.load_state_dict(self.model.state_dict())
+        generator = iteration_generator(self.config.seed, iteration, 2)
         started = time.perf_counter()
-        update = grpo_update(self.model, self.reference, self.optimizer, scored.batch, self.config.train,
-                             iteration_generator(self.config.seed, iteration, 2))
+        if section.algorithm == "nft":  # θ_i (previous) drew the rollout: NFT's sampling policy
+            update = nft_update(self.model, self.previous, self.optimizer, scored.batch, section, generator)
+        else:
+            update = grpo_update(self.model, self.reference, self.optimizer, scored.batch, section, generator)
         self.budget_s = time.perf_counter() - started
         if self.ema is not None:
-            update_ema(self.ema, self.model, self.config.train.ema_decay)
+            update_ema(self.ema, self.model, ema_decay_at(iteration, section.ema_decay))
         return {**update, "time/train_s": self.budget_s}
 
     def _log(self, metrics_file, record: dict[str, Any], on_iteration) -> None:

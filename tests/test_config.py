@@ -32,7 +32,7 @@ def test_defaults_load_and_match_the_documented_values() -> None:
     assert config.mode == "spotlight"
     documented = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
     assert load_config(TrainConfig, documented) == config  # configs/default.yaml lists every default
-    assert config.train.clip_range == 0.2
+    assert config.train.clip_range == 1e-4
     assert config.rollout.group_size == 8
     assert config.rollout.noise_level == 0.7
     assert load_config(PretrainConfig, None) == PretrainConfig()
@@ -44,7 +44,7 @@ def test_a_yaml_file_sets_fields_and_keeps_other_defaults(tmp_path: Path) -> Non
     assert (config.seed, config.mode) == (3, "sync-explore")
     assert config.train.learning_rate == 0.0005
     assert config.train.kl_beta == 0.04
-    assert config.train.clip_range == 0.2
+    assert config.train.clip_range == 1e-4
     assert config.rollout == TrainConfig().rollout
 
 

@@ -16,18 +16,21 @@ from spotlight.rewards.base import Reward, guarded_score
 def exploration_sampling(plan: ExplorePlan, rollout: SamplingPlan) -> SamplingPlan:
     """How exploration arm ``plan`` samples for a rollout drawn with ``rollout``.
 
-    An SDE arm of S < K steps takes the rollout's first S - 1 steps (same schedule, same seeded noise)
-    and jumps to the data in one ODE step (`SamplingPlan.prefix_of`); S >= K is the rollout itself, so
-    with fresh weights its candidates are the rollout's samples. An ODE arm samples S ODE steps of its
-    own schedule. Why: a sample's SDE noise decides most of its reward, so only arms that walk the
-    rollout's noise path rank seeds the way the rollout will score them.
+    A seed names a sample's whole randomness: its initial latent and, for SDE steps, the noise of
+    step k (stream (seed, k)). An arm of S < K steps takes the rollout's first S - 1 steps (same
+    schedule, same seeded noise, same sampler) and jumps to the data in one ODE step
+    (`SamplingPlan.prefix_of`); S >= K is the rollout itself, so with fresh weights its candidates
+    are the rollout's samples. Why: a sample's SDE noise decides most of its reward, so only arms
+    that walk the rollout's noise path rank seeds the way the rollout will score them. With an ODE
+    rollout (nft) the seed is the initial latent alone and every arm is an ODE prefix. An ODE arm
+    for an SDE rollout samples S ODE steps of its own schedule (kept to measure how little it predicts).
     """
-    if plan.sampler == "ode":
+    if plan.sampler == "ode" and rollout.sampler == "sde":
         return SamplingPlan(num_steps=plan.num_steps, shift=rollout.shift, sampler="ode")
     if plan.num_steps >= rollout.num_steps:
         return rollout
-    return SamplingPlan(num_steps=plan.num_steps, shift=rollout.shift, sampler="sde", noise_level=rollout.noise_level,
-                        sde_steps=rollout.sde_steps, prefix_of=rollout.num_steps)
+    return SamplingPlan(num_steps=plan.num_steps, shift=rollout.shift, sampler=rollout.sampler,
+                        noise_level=rollout.noise_level, sde_steps=rollout.sde_steps, prefix_of=rollout.num_steps)
 
 
 def score_candidates(

@@ -302,16 +302,23 @@ class Judgement:
     strict: bool
 
 
-def _matched(required: Counter, found: Counter, total: int) -> float:
-    """Matched items over max(required, found) items: missing and extra items both cost credit."""
-    return sum(min(count, found[key]) for key, count in required.items()) / total
+def _matched(required: Counter, found: Counter, detected: int) -> float:
+    """(matched - surplus) / required, floored at 0: a missing and an extra item cost the same.
+
+    ``detected`` counts every detection, unknown blobs included, so a blob that matches nothing is
+    surplus. Dividing matches by max(required, detected) instead made drawing one too many pay more
+    than one too few (asked 3: 4 drawn 0.75, 2 drawn 0.67), and RL learnt to over-draw every count.
+    """
+    matched = sum(min(count, found[key]) for key, count in required.items())
+    surplus = detected - matched
+    return max(0.0, matched - surplus) / sum(required.values())
 
 
 def judge(spec: PromptSpec, detections: Sequence[Detection], image_size: int) -> Judgement:
     """Score detections against a prompt with GenEval-style partial credit.
 
-    Credits, each matched-over-max(required, detected) so that an object not asked for (an extra one
-    or an "unknown" blob) lowers them and never raises them:
+    Credits, each (matched - surplus) / required (`_matched`), so that an object not asked for (an
+    extra one or an "unknown" blob) costs exactly as much as a missing one:
     - objects: (colour, shape) pairs with their counts;
     - colour and shape: the same on colours alone and shapes alone (unknown blobs match neither);
     - relation (position prompts): the fraction of (first, second) object pairs that satisfy it.
@@ -320,11 +327,11 @@ def judge(spec: PromptSpec, detections: Sequence[Detection], image_size: int) ->
     """
     required = [(obj.colour, obj.shape) for obj in spec.objects for _ in range(obj.count)]
     known = [(found.colour, found.shape) for found in detections if found.shape != "unknown"]
-    total = max(len(required), len(detections))
+    detected = len(detections)
     credits = {
-        "objects": _matched(Counter(required), Counter(known), total),
-        "colour": _matched(Counter(c for c, _ in required), Counter(c for c, _ in known), total),
-        "shape": _matched(Counter(s for _, s in required), Counter(s for _, s in known), total),
+        "objects": _matched(Counter(required), Counter(known), detected),
+        "colour": _matched(Counter(c for c, _ in required), Counter(c for c, _ in known), detected),
+        "shape": _matched(Counter(s for _, s in required), Counter(s for _, s in known), detected),
     }
     if spec.relation is not None:
         first, second = spec.objects
@@ -342,8 +349,7 @@ class GenEvalReward:
     """The compositional reward of the shapes task (implements `spotlight.rewards.base.Reward`).
 
     ``strict_weight`` w mixes the strict flag into the reward: ``(1 - w) * partial + w * strict``.
-    Partial credit alone (w = 0) divides matches by max(asked, detected), so drawing one object too
-    many costs about as much as drawing one too few; measured on the shapes base model, GRPO on it
+    Partial credit alone (w = 0) rewards near misses; measured on the shapes base model, GRPO on it
     turned "too few objects" (188 of 320 validation samples) into "too many" (168 of 320) and raised
     the partial reward while strict accuracy fell. Weighting the exact answer fixes the incentive.
     """

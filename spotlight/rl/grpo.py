@@ -106,7 +106,10 @@ def grpo_update(
             if reference is not None and config.kl_beta > 0:
                 with torch.no_grad():
                     _, reference_mean, _ = step_log_prob_and_mean(reference, batch, rows, step)
-                kl = gaussian_step_kl(mean, reference_mean, std).mean()
+                # Flow-GRPO's KL divides the mean gap by the diffusion coefficient g² (std² / |dt|), not by
+                # the step variance: without the |dt| the same kl_beta weighed 12-28x more on 10 steps
+                step_size = float(batch.sigmas[step] - batch.sigmas[step + 1])
+                kl = gaussian_step_kl(mean, reference_mean, std).mean() * step_size
                 loss = loss + config.kl_beta * kl
             (loss / len(timesteps)).backward()
             totals["loss"] += float(loss.detach())

@@ -151,22 +151,23 @@ def test_relation_compares_centres_with_a_margin_and_leaves_the_other_axis_free(
     assert not relation_holds("right of", near, left, image_size=32)
 
 
-# Credits are matched / max(required, detected) for objects, colours and shapes (+ the relation).
+# Credits are max(0, matched - surplus) / required for objects, colours and shapes (+ the relation):
+# one extra object costs exactly what one missing object costs, so over-drawing never pays.
 @pytest.mark.parametrize(
     ("prompt", "found", "reward"),
     [
         ("a red circle", [("red", "circle")], 1.0),
         ("a red circle", [], 0.0),
-        ("a red circle", [("red", "circle"), ("blue", "square")], (1 / 2 + 1 / 2 + 1 / 2) / 3),
-        ("a red circle", [("red", "circle"), ("red", "unknown")], (1 / 2 + 1 / 2 + 1 / 2) / 3),
+        ("a red circle", [("red", "circle"), ("blue", "square")], 0.0),
+        ("a red circle", [("red", "circle"), ("red", "unknown")], 0.0),
         ("a red circle", [("blue", "circle")], (0 + 0 + 1) / 3),
         ("a red circle", [("red", "unknown")], 0.0),
         ("three green triangles", [("green", "triangle")] * 2, (2 / 3 + 2 / 3 + 2 / 3) / 3),
-        ("three green triangles", [("green", "triangle")] * 4, (3 / 4 + 3 / 4 + 3 / 4) / 3),
+        ("three green triangles", [("green", "triangle")] * 4, (2 / 3 + 2 / 3 + 2 / 3) / 3),  # = two drawn
         (
             "a red circle and a blue square",
             [("red", "circle"), ("blue", "triangle")],
-            (1 / 2 + 1 + 1 / 2) / 3,
+            (0 + 1 + 0) / 3,
         ),
         ("a red circle and a blue square", [("blue", "square"), ("red", "circle")], 1.0),
     ],
@@ -186,7 +187,7 @@ def test_judge_credits_the_relation_only_when_it_holds():
     # Two red circles: one pair of the two holds; the extra circle also costs object credit.
     extra = judge(spec, [red, blue, detection("red", "circle", cx=28)], 32)
     assert extra.credits["relation"] == pytest.approx(1 / 2)
-    assert extra.reward == pytest.approx((2 / 3 + 2 / 3 + 2 / 3 + 1 / 2) / 4)
+    assert extra.reward == pytest.approx((1 / 2 + 1 / 2 + 1 / 2 + 1 / 2) / 4)
 
 
 VALIDATION = train_val_split()[1]

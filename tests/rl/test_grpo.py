@@ -64,7 +64,7 @@ def hand_loss(model: TinyDiT, reference: TinyDiT, batch: RolloutBatch, clip_rang
         ratio = torch.exp(log_prob - batch.log_probs[:, k])
         surrogate = torch.maximum(-batch.advantages * ratio,
                                   -batch.advantages * ratio.clamp(1 - clip_range, 1 + clip_range))
-        kl = ((mean - reference_mean) ** 2 / (2 * std**2)).mean(dim=(1, 2, 3))
+        kl = ((mean - reference_mean) ** 2 / (2 * g2)).mean(dim=(1, 2, 3))  # Flow-GRPO: over g², not std²
         total = total + surrogate.mean() + kl_beta * kl.mean()
         clipped += float(((ratio - 1).abs() > clip_range).double().mean())
     return total / num_steps, clipped / num_steps

@@ -1,0 +1,96 @@
+import pytest
+import torch
+from random_models import TINY_SHAPES_CONFIG, randomised_tinydit
+
+from spotlight.config import TrainSection
+from spotlight.rl.grpo import RolloutBatch
+from spotlight.rl.nft import nft_loss, nft_update, optimality
+from spotlight.tasks.shapes import tokenize
+
+PROMPTS = ["a red circle", "two blue squares", "a green circle above a yellow triangle", "a yellow square"]
+
+
+def test_optimality_maps_advantages_into_the_unit_interval():
+    advantages = torch.tensor([-4.0, -2.0, -1.0, 0.0, 1.0, 2.0, 4.0])
+    assert optimality(advantages, scale=2.0).tolist() == [0.0, 0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("r", [0.0, 0.3, 1.0])
+@pytest.mark.parametrize("beta", [0.5, 1.0])
+def test_gradient_at_the_sampling_policy_is_advantage_weighted_flow_matching(r, beta):
+    # d/dv [r |v+ - t|² + (1-r) |v- - t|²] at v = v_old is 2β(2r-1)(v_old - t) / n (closed form).
+    generator = torch.Generator().manual_seed(0)
+    old, target = torch.randn(1, 3, 4, 4, generator=generator), torch.randn(1, 3, 4, 4, generator=generator)
+    velocity = old.clone().requires_grad_(True)
+    nft_loss(velocity, old, target, torch.tensor([r]), beta).sum().backward()
+    expected = 2 * beta * (2 * r - 1) * (old - target) / old.numel()
+    torch.testing.assert_close(velocity.grad, expected)
+
+
+@pytest.mark.parametrize("r", [0.0, 0.75, 1.0])
+def test_the_loss_is_minimised_a_bounded_step_from_the_sampling_policy(r):
+    # Each term is quadratic in v with curvature β² r + β² (1-r): the minimiser is
+    # v_old + (2r - 1) / β (t - v_old), so no update can push a velocity further than that.
+    beta = 0.5
+    generator = torch.Generator().manual_seed(1)
+    old, target = torch.randn(2, 3, 4, 4, generator=generator), torch.randn(2, 3, 4, 4, generator=generator)
+    velocity = old.clone().requires_grad_(True)
+    optimizer = torch.optim.LBFGS([velocity], max_iter=100, line_search_fn="strong_wolfe")
+
+    def closure():
+        optimizer.zero_grad()
+        loss = nft_loss(velocity, old, target, torch.full((2,), r), beta).sum()
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    torch.testing.assert_close(velocity.detach(), old + (2 * r - 1) / beta * (target - old), atol=1e-4, rtol=1e-4)
+
+
+def clean_batch(advantages: list[float]) -> RolloutBatch:
+    """Four fixed clean 8x8 samples (the update reads only the final latents) with given advantages."""
+    generator = torch.Generator().manual_seed(2)
+    clean = torch.rand(len(PROMPTS), 3, 8, 8, generator=generator) * 2 - 1
+    latents = torch.stack([torch.randn(clean.shape, generator=generator), clean], dim=1)
+    return RolloutBatch(latents=latents, log_probs=torch.zeros(len(PROMPTS), 1),
+                        tokens=tokenize(PROMPTS, TINY_SHAPES_CONFIG.max_text_len),
+                        advantages=torch.tensor(advantages), sigmas=torch.tensor([1.0, 0.0], dtype=torch.float64),
+                        noise_level=0.0, stochastic_steps=0)
+
+
+def flow_matching_error(model, batch: RolloutBatch, row: int) -> float:
+    """Mean flow-matching error of one sample over a fixed grid of noise levels and noises."""
+    generator = torch.Generator().manual_seed(3)
+    x0 = batch.latents[row, -1].expand(64, -1, -1, -1)
+    sigma = torch.linspace(0.02, 0.98, 64)
+    noise = torch.randn(x0.shape, generator=generator)
+    noisy = (1 - sigma.view(-1, 1, 1, 1)) * x0 + sigma.view(-1, 1, 1, 1) * noise
+    with torch.no_grad():
+        return float((model(noisy, sigma, batch.tokens[row].expand(64, -1)) - (noise - x0)).pow(2).mean())
+
+
+def test_update_pulls_the_model_towards_positive_samples_and_away_from_negative():
+    model = randomised_tinydit(TINY_SHAPES_CONFIG, seed=4, std=0.2)
+    old = randomised_tinydit(TINY_SHAPES_CONFIG, seed=4, std=0.2).requires_grad_(False)
+    batch = clean_batch([2.0, -2.0, 2.0, -2.0])
+    before = [flow_matching_error(model, batch, row) for row in range(4)]
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    config = TrainSection(algorithm="nft", nft_timesteps=8, num_minibatches=1)
+    for step in range(10):
+        metrics = nft_update(model, old, optimizer, batch, config, torch.Generator().manual_seed(step))
+    after = [flow_matching_error(model, batch, row) for row in range(4)]
+    assert metrics["train/trained_samples"] == 4
+    assert after[0] < before[0] and after[2] < before[2]  # positives: fitted better
+    assert after[1] > before[1] and after[3] > before[3]  # negatives: fitted worse
+
+
+def test_groups_without_signal_leave_the_weights_untouched():
+    model = randomised_tinydit(TINY_SHAPES_CONFIG, seed=5, std=0.2)
+    old = randomised_tinydit(TINY_SHAPES_CONFIG, seed=5, std=0.2).requires_grad_(False)
+    before = {name: value.clone() for name, value in model.state_dict().items()}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    metrics = nft_update(model, old, optimizer, clean_batch([0.0] * 4), TrainSection(num_minibatches=2),
+                         torch.Generator().manual_seed(0))
+    assert metrics["train/trained_samples"] == 0
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, before[name])
