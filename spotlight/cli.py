@@ -1,20 +1,75 @@
-"""The ``spotlight`` command: pretrain | train | eval (simulate, report and bench come with later parts)."""
+"""The ``spotlight`` command: pretrain | train | eval | simulate | plan | report | serve-reward.
+
+Every failure ends in one line (`spotlight.errors`): `SpotlightGroup` wraps every command, so a
+command body just raises; ``spotlight --debug`` adds the traceback.
+"""
 
 from __future__ import annotations
 
 import sys
+import traceback
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TextIO
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from typer.core import TyperGroup
 
-from spotlight.config import ConfigError, PretrainConfig, TrainConfig, load_config
+from spotlight import errors
+from spotlight.config import PretrainConfig, TrainConfig, load_config
+from spotlight.run_log import RUN_LOG_NAME, log_to, output_to_log
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Spotlight: Flow-GRPO post-training of DiTs.")
 console = Console(stderr=True)
+
+
+@dataclass
+class CommandState:
+    """What the failure handler needs to know about the command that ran (``ctx.obj``)."""
+
+    debug: bool = False
+    run_log: Path | None = None  # the run's log once the command knows its run directory
+
+
+class SpotlightGroup(TyperGroup):
+    """The command group with the top-level failure handler (see `spotlight.errors`)."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, typer.TyperException):  # exits and usage errors: typer prints them
+            raise
+        except KeyboardInterrupt:
+            console.print("[bold red]error:[/] interrupted; the run directory keeps what was written",
+                          highlight=False, soft_wrap=True)
+            raise typer.Exit(errors.EXIT_INTERRUPTED) from None
+        except Exception as error:  # the one place where every other failure becomes one line
+            state = ctx.obj if isinstance(ctx.obj, CommandState) else CommandState()
+            if state.debug:
+                traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
+            if errors.is_known(error):
+                _fail(error)
+            log = errors.write_traceback(error, errors.crash_log_path(state.run_log), sys.argv[1:])
+            console.print(f"[bold red]error:[/] unexpected {type(error).__name__}: {escape(errors.one_line(error))}; "
+                          f"the traceback is in {log} (spotlight --debug prints it); please report it",
+                          highlight=False, soft_wrap=True)
+            raise typer.Exit(errors.EXIT_UNEXPECTED) from None
+
+
+app = typer.Typer(cls=SpotlightGroup, add_completion=False, no_args_is_help=True,
+                  help="Spotlight: Flow-GRPO post-training of DiTs.")
+
+
+@app.callback()
+def _options(ctx: typer.Context, debug: Annotated[bool, typer.Option(
+        "--debug", help="On an unexpected error, print the traceback too (it is always in the log file).")] = False,
+) -> None:
+    """Spotlight: Flow-GRPO post-training of DiTs."""
+    ctx.obj = CommandState(debug=debug)
 
 ConfigOption = Annotated[Path | None, typer.Option("--config", "-c", help="YAML config; defaults run as they are.")]
 ResumeOption = Annotated[bool, typer.Option("--resume", help="Continue the run in run_dir from its last checkpoint.")]
@@ -23,36 +78,26 @@ SetOption = Annotated[list[str] | None, typer.Option("--set", "-s", help="Overri
 
 def _fail(error: Exception) -> None:
     """Print one line naming the cause (the run directory keeps what was written) and exit 2."""
-    console.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code=2)
+    console.print(f"[bold red]error:[/] {escape(errors.one_line(error))}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code=errors.EXIT_KNOWN)
 
 
-def _known_errors() -> tuple[type[Exception], ...]:
-    from spotlight.pipeline import RunError
-    from spotlight.rewards.base import RewardError
-    from spotlight.rl.checkpoint import CheckpointError
-
-    return (ConfigError, CheckpointError, RewardError, RunError)
-
-
-def _progress() -> Progress:
+def _progress(terminal: TextIO | None = None) -> Progress:
+    shown = console if terminal is None else Console(file=terminal)
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console)
+                    TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=shown)
 
 
 @app.command()
 def pretrain(config: ConfigOption = None, set_: SetOption = None) -> None:
     """Pre-train the TinyDiT base model by flow matching on rendered shapes."""
-    try:
-        cfg = load_config(PretrainConfig, config, set_)
-        from spotlight.pretrain import pretrain as run_pretrain
+    cfg = load_config(PretrainConfig, config, set_)
+    from spotlight.pretrain import pretrain as run_pretrain
 
-        with _progress() as progress:
-            task = progress.add_task("pretrain", total=cfg.steps, status="")
-            final = run_pretrain(cfg, on_step=lambda step, loss: progress.update(
-                task, completed=step, status=f"loss {loss:.4f}"))
-    except _known_errors() as error:
-        _fail(error)
+    with _progress() as progress:
+        task = progress.add_task("pretrain", total=cfg.steps, status="")
+        final = run_pretrain(cfg, on_step=lambda step, loss: progress.update(
+            task, completed=step, status=f"loss {loss:.4f}"))
     console.print(f"base model written to {final}")
 
 
@@ -70,6 +115,7 @@ def _summary_table(summary: Any) -> Table:
 
 @app.command()
 def train(
+    ctx: typer.Context,
     config: ConfigOption = None,
     set_: SetOption = None,
     resume: ResumeOption = False,
@@ -80,12 +126,21 @@ def train(
 
     With no arguments: mode spotlight on a local Ray cluster (one on-demand device, one spot device, a
     real spot trace replayed 60x faster), stopping after runtime.max_wall_s, then an HTML report.
+    Details (Ray's own output, warnings, an unexpected error's traceback) go to RUN_DIR/spotlight.log.
     """
-    try:
-        cfg = load_config(TrainConfig, config, [*(set_ or []), *([f"runtime.address={address}"] if address else [])])
-        from spotlight.pipeline import train as run_train
+    cfg = load_config(TrainConfig, config, [*(set_ or []), *([f"runtime.address={address}"] if address else [])])
+    from spotlight.pipeline import train as run_train
+    from spotlight.spot_pipeline import uses_ray
 
-        progress = _progress()
+    run_log = Path(cfg.run_dir) / RUN_LOG_NAME
+    if isinstance(ctx.obj, CommandState):
+        ctx.obj.run_log = run_log
+    with ExitStack() as stack:
+        # On Ray, descriptors 1 and 2 go to the log (Ray's node-death dumps); progress goes to the terminal.
+        terminal = stack.enter_context(output_to_log(run_log)) if uses_ray(cfg) else sys.stderr
+        stack.enter_context(log_to(run_log, terminal))
+        progress = _progress(terminal)
+        stack.callback(progress.stop)
         tasks: list[Any] = []
 
         def show(iteration: int, record: dict[str, Any]) -> None:
@@ -99,14 +154,9 @@ def train(
                 status += f"  val acc {record['val/strict_accuracy']:.3f}"
             progress.update(tasks[0], completed=iteration, status=status)
 
-        try:
-            summary = run_train(cfg, resume=resume, on_iteration=show)
-            if tasks:
-                progress.update(tasks[0], total=summary.history[-1]["iteration"])
-        finally:
-            progress.stop()
-    except _known_errors() as error:
-        _fail(error)
+        summary = run_train(cfg, resume=resume, on_iteration=show)
+        if tasks:
+            progress.update(tasks[0], total=summary.history[-1]["iteration"])
     Console().print(_summary_table(summary))
     _runtime_summary(summary.run_dir)
     _write_run_report(summary.run_dir)
@@ -146,16 +196,13 @@ def eval_(
     num_steps: int = 10,
 ) -> None:
     """Score a checkpoint on its task's validation split: strict accuracy overall and per kind (ODE, fixed seeds)."""
-    try:
-        from spotlight.evaluation import evaluate
-        from spotlight.rl.checkpoint import load_model
-        from spotlight.tasks.registry import task_of
+    from spotlight.evaluation import evaluate
+    from spotlight.rl.checkpoint import load_model
+    from spotlight.tasks.registry import task_of
 
-        model = load_model(checkpoint)
-        task = task_of(model)
-        result = evaluate(model, task.split()[1], task.make_reward(0.0), seeds_per_prompt, num_steps)
-    except _known_errors() as error:
-        _fail(error)
+    model = load_model(checkpoint)
+    task = task_of(model)
+    result = evaluate(model, task.split()[1], task.make_reward(0.0), seeds_per_prompt, num_steps)
     table = Table(title=f"validation: {checkpoint}")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -183,7 +230,7 @@ def simulate(
     try:
         base = load_config(SimConfig, config, set_)
         results = {mode: run_simulation(base.model_copy(update={"mode": mode})) for mode in modes.split(",")}
-    except (*_known_errors(), ValueError) as error:
+    except ValueError as error:  # the simulator's checks of its inputs: one line each
         _fail(error)
     table = Table(title="spotlight simulate")
     for column in ("mode", "iters", "hours", "dollars", "on-demand util", "spot util"):
@@ -211,7 +258,7 @@ def plan(
 
     try:
         sweep = cheapest_mix(deadline_hours * 3600.0, load_config(SimConfig, config, set_))
-    except (*_known_errors(), ValueError) as error:
+    except ValueError as error:  # the simulator's checks of its inputs: one line each
         _fail(error)
     table = Table(title=f"cluster mixes, deadline {deadline_hours:g} h")
     for column in ("on-demand", "spot", "instances", "hours", "dollars", "meets"):
@@ -236,13 +283,9 @@ def report(
 ) -> None:
     """Write one self-contained HTML page comparing runs: accuracy vs time and cost, utilisation, planner, τ."""
     from spotlight.report.html import write_report
-    from spotlight.report.run_data import ReportError
 
-    try:
-        default = run_dirs[0] / "report.html" if len(run_dirs) == 1 else Path("report.html")
-        path = write_report(run_dirs, out or default)
-    except ReportError as error:
-        _fail(error)
+    default = run_dirs[0] / "report.html" if len(run_dirs) == 1 else Path("report.html")
+    path = write_report(run_dirs, out or default)
     console.print(f"wrote {path}")
 
 
@@ -271,9 +314,10 @@ def serve_reward(
         server.server_close()
 
 
-def main() -> None:  # pragma: no cover - console entry for `python -m spotlight.cli`
-    sys.exit(app())
+def main() -> None:
+    """``python -m spotlight`` (and ``python -m spotlight.cli``): the ``spotlight`` command."""
+    app(prog_name="spotlight")
 
 
-if __name__ == "__main__":  # pragma: no cover
+if __name__ == "__main__":
     main()

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 from typer.testing import CliRunner
 
 from spotlight.cli import app
@@ -52,3 +59,45 @@ def test_train_runs_and_prints_the_summary_table(tiny_base_model, tmp_path):
     assert result.exit_code == 0, result.output
     assert "val strict acc" in result.output
     assert (tmp_path / "run" / "metrics.jsonl").is_file()
+
+
+# -- the top-level failure handler and `python -m spotlight`, as a person runs them (a real process) -------
+
+
+def spotlight_process(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """Run ``python -m spotlight ARGS`` in a fresh interpreter: typer's exception hook and all."""
+    return subprocess.run([sys.executable, "-m", "spotlight", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "TMPDIR": str(cwd)})
+
+
+def test_python_m_spotlight_is_the_spotlight_command_and_a_bad_config_is_one_line(tmp_path):
+    listing = spotlight_process("--help", cwd=tmp_path)
+    assert listing.returncode == 0 and all(name in listing.stdout for name in ("train", "eval", "--debug"))
+    (tmp_path / "bad.yaml").write_text("rollout:\n  group_sise: 8\n")
+    failed = spotlight_process("train", "-c", "bad.yaml", cwd=tmp_path)
+    assert failed.returncode == 2
+    assert failed.stdout == "" and failed.stderr.count("\n") == 1, failed.stderr
+    assert failed.stderr.startswith("error: ") and "rollout.group_sise" in failed.stderr
+
+
+def truncated_checkpoint(tmp_path: Path, tiny_base_model: Path) -> Path:
+    """A model directory whose weights file was cut short (a copy interrupted mid-way)."""
+    model = tmp_path / "truncated"
+    shutil.copytree(tiny_base_model, model)
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:64])
+    return model
+
+
+def test_an_unexpected_error_is_one_line_naming_the_log_that_keeps_its_traceback(tmp_path, tiny_base_model):
+    model = truncated_checkpoint(tmp_path, tiny_base_model)
+    failed = spotlight_process("eval", str(model), cwd=tmp_path)
+    assert failed.returncode == 1 and failed.stdout == ""
+    lines = failed.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: unexpected "), failed.stderr
+    log = Path(re.search(r"the traceback is in (\S+) ", lines[0]).group(1))
+    assert log.parent == tmp_path and log.is_file()
+    assert "Traceback (most recent call last)" in log.read_text() and f"eval {model}" in log.read_text()
+    debug = spotlight_process("--debug", "eval", str(model), cwd=tmp_path)
+    assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr
+    assert debug.stderr.splitlines()[-1].startswith("error: unexpected ")

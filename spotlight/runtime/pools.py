@@ -18,6 +18,7 @@ every call in flight without blocking, and turns a lost node into lost calls ins
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -34,6 +35,8 @@ from spotlight.runtime.events import EventLog
 from spotlight.runtime.worker import WorkerSettings
 
 __all__ = ["CallResult", "LocalCluster", "PoolError", "SpotPool", "attach_cluster"]
+
+logger = logging.getLogger(__name__)
 
 
 class PoolError(RuntimeError):
@@ -174,6 +177,7 @@ class SpotPool:
     events: EventLog
     clock: Callable[[], float]
     epoch0: float
+    core_of: Callable[[int], int | None] | None = None  # spot device k's core (None: unpinned); cores.py
     _devices: dict[str, _DeviceSlot] = field(default_factory=dict)
     _weights: tuple[int, Any] | None = None
     _started: int = 0
@@ -185,11 +189,12 @@ class SpotPool:
         self.events.write(now, "node_added", node=node)
         for _ in range(devices):
             device_id = f"spot-{self._started}"
+            core = self.core_of(self._started) if self.core_of is not None else None
             self._started += 1
             handle = SpotDevice.options(
                 num_cpus=1, resources={"spot": 1}, max_restarts=0,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-            ).remote(device_id, self.queue, self.model_config, self.settings)
+            ).remote(device_id, self.queue, self.model_config, self.settings, core=core)
             slot = _DeviceSlot(device_id, node, handle, ref=handle.ready.remote(), phase="start")
             self._devices[device_id] = slot
             self.ledger.hold(device_id, "spot", now)
@@ -290,8 +295,14 @@ class SpotPool:
                           end=round(end, 4), phase=phase)
 
     def _lose(self, slot: _DeviceSlot, error: Exception) -> list[CallResult]:
-        """A call failed: the device (or its node) is gone; drop it so its node's return restarts one."""
+        """A call failed: the device (or its node) is gone; drop it so its node's return restarts one.
+
+        Planned removals never come here (`node_removed` forgets their devices first), so this is a
+        node or process that died without a notice: one line for the person, Ray's dump stays in the log.
+        """
         lost = [CallResult(slot.device_id, slot.phase, None)] if slot.state == "busy" else []
+        logger.warning("spot device %s on node %s died without a preemption notice (%s)%s", slot.device_id, slot.node,
+                       type(error).__name__, f"; its {slot.phase} work is redone elsewhere" if lost else "")
         self.ledger.release(slot.device_id, self.clock())
         self.events.write(self.clock(), "device_lost", node=slot.node, device=slot.device_id,
                           error=type(error).__name__)
