@@ -50,6 +50,7 @@ from spotlight.rl.checkpoint import (
 )
 from spotlight.rl.grpo import RolloutBatch, grpo_update
 from spotlight.rl.nft import nft_update
+from spotlight.runtime.cores import pinned
 from spotlight.tasks.registry import get_task, task_of
 
 GRID_SEEDS = 4  # columns of the validation sample grid: the first seeds of each shown prompt
@@ -185,7 +186,7 @@ class Trainer:
     def __init__(self, config: TrainConfig, reward: Reward | None = None, resume: bool = False) -> None:
         self.config = config
         torch.manual_seed(config.seed)
-        torch.set_num_threads(config.num_threads)
+        torch.set_num_threads(1 if config.pin_devices else config.num_threads)
         self.run_dir = Path(config.run_dir)
         task = get_task(config.task)
         self.reward = reward if reward is not None else task.make_reward(config.reward.strict_weight)
@@ -323,25 +324,32 @@ class Trainer:
 
         ``step`` runs one iteration (default `iteration`; the Ray runtime passes its own, which
         distributes the same calls). With ``max_wall_s`` the run ends after the iteration that
-        passes that wall time, validated and checkpointed like a last iteration.
+        passes that wall time, validated and checkpointed like a last iteration; with
+        ``eval.target_accuracy`` it also ends at the first validation that reaches it. ``time/wall_s``
+        is the iterations' own wall time: validation (a measurement, 1,600 samples twice) and
+        checkpoint writes are left out, so time to a target does not depend on how often one looks.
         """
         config = self.config
         step = step or self.iteration
         metrics_file = (self.run_dir / "metrics.jsonl").open("a")
-        started = time.perf_counter() - (self.history[-1]["time/wall_s"] if self.history else 0.0)
+        wall_s = self.history[-1]["time/wall_s"] if self.history else 0.0
         try:
             if self.start_iteration == 0:
                 record = {"iteration": 0, "time/wall_s": 0.0, **self.validate(0)}
                 self._log(metrics_file, record, on_iteration)
             for iteration in range(self.start_iteration, config.iterations):
+                step_started = time.perf_counter()
                 record = step(iteration)
-                record["time/wall_s"] = time.perf_counter() - started
+                wall_s += time.perf_counter() - step_started
+                record["time/wall_s"] = wall_s
                 done = iteration + 1
                 last = done == config.iterations or (max_wall_s is not None and record["time/wall_s"] >= max_wall_s)
                 if done % config.eval.every == 0 or last:
                     eval_started = time.perf_counter()
                     record.update(self.validate(done))
                     record["time/eval_s"] = time.perf_counter() - eval_started
+                    target = config.eval.target_accuracy
+                    last = last or (target is not None and record["val/strict_accuracy"] >= target)
                 self._log(metrics_file, record, on_iteration)
                 if done % config.checkpoint_every == 0 or last:
                     save_training_checkpoint(self.run_dir, done, self.model, self.optimizer, self.ema, {
@@ -404,6 +412,7 @@ def train(config: TrainConfig, resume: bool = False, reward: Reward | None = Non
     """
     from spotlight.spot_pipeline import run_on_ray, uses_ray
 
-    if uses_ray(config):
-        return run_on_ray(config, resume=resume, reward=reward, on_iteration=on_iteration)
-    return Trainer(config, reward=reward, resume=resume).run(on_iteration)
+    with pinned(config.device_core(0), config.num_threads):  # this process is the trainer's device
+        if uses_ray(config):
+            return run_on_ray(config, resume=resume, reward=reward, on_iteration=on_iteration)
+        return Trainer(config, reward=reward, resume=resume).run(on_iteration, max_wall_s=config.runtime.max_wall_s)

@@ -200,8 +200,9 @@ class RayRuntime:
         self.queue = start_queue_actor(section.lease_timeout_s, resource="on_demand")
         settings = WorkerSettings(capacity=section.worker_capacity, forward_batch=section.forward_batch,
                                   heartbeat_s=1.0, idle_wait_s=0.02, min_step_s=section.min_step_s)
+        local = section.address is None  # attached spot nodes are machines of their own: Ray places them
         self.pool = SpotPool(self.queue, self.trainer.model.config, settings, self.ledger, self.events, self.now,
-                             self.epoch0)
+                             self.epoch0, core_of=lambda k: self.config.device_core(k + 1) if local else None)
         for name, node_id in initial_ids.items():
             self.pool.node_added(name, node_id, initial[name])
         if section.sp_degree > 1:

@@ -234,3 +234,11 @@ def test_train_optimizer_picks_sgd_with_momentum_or_adamw() -> None:
     sgd.step()  # the first SGD step is exactly -lr * gradient (the momentum buffer starts at the gradient)
     assert torch.allclose(model.weight.detach(), before - 0.5 * gradient)
     assert isinstance(build_optimizer(model, TrainSection()), torch.optim.AdamW)
+
+
+def test_a_run_ends_at_the_first_validation_that_reaches_the_target(tiny_base_model, tmp_path):
+    # Brightness above 0.5 counts as "strict": the base model's samples reach a target of 0 at once.
+    config = tiny_config(tiny_base_model, tmp_path / "target", iterations=5, eval__target_accuracy=0.0)
+    history = train(config, reward=BrightnessReward()).history
+    assert [r["iteration"] for r in history] == [0, 1]
+    assert (tmp_path / "target" / "checkpoints" / "latest").read_text() == "iter-000001"

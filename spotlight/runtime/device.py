@@ -28,6 +28,7 @@ import torch
 from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.models.tinydit import TinyDiTConfig
 from spotlight.policy import generate
+from spotlight.runtime.cores import pin_process
 from spotlight.runtime.queue import RemoteQueue
 from spotlight.runtime.worker import WorkerReport, WorkerSettings, model_from_weights, worker_loop
 
@@ -81,8 +82,9 @@ class SpotDevice:
     """A spot device (here one CPU thread). Two concurrent calls at most: the work and a notice."""
 
     def __init__(self, device_id: str, queue: Any, model_config: TinyDiTConfig | dict[str, Any],
-                 settings: WorkerSettings, num_threads: int = 1) -> None:
-        torch.set_num_threads(num_threads)  # Ray's OMP_NUM_THREADS and a reused process's count are not ours
+                 settings: WorkerSettings, num_threads: int = 1, core: int | None = None) -> None:
+        # one device = one core (cores.py); Ray's OMP_NUM_THREADS and a reused process's count are not ours
+        pin_process(core, num_threads)
         self.device_id = device_id
         self.model_config = model_config
         self.settings = settings

@@ -177,6 +177,7 @@ class SpotPool:
     events: EventLog
     clock: Callable[[], float]
     epoch0: float
+    core_of: Callable[[int], int | None] | None = None  # spot device k's core (None: unpinned); cores.py
     _devices: dict[str, _DeviceSlot] = field(default_factory=dict)
     _weights: tuple[int, Any] | None = None
     _started: int = 0
@@ -188,11 +189,12 @@ class SpotPool:
         self.events.write(now, "node_added", node=node)
         for _ in range(devices):
             device_id = f"spot-{self._started}"
+            core = self.core_of(self._started) if self.core_of is not None else None
             self._started += 1
             handle = SpotDevice.options(
                 num_cpus=1, resources={"spot": 1}, max_restarts=0,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-            ).remote(device_id, self.queue, self.model_config, self.settings)
+            ).remote(device_id, self.queue, self.model_config, self.settings, core=core)
             slot = _DeviceSlot(device_id, node, handle, ref=handle.ready.remote(), phase="start")
             self._devices[device_id] = slot
             self.ledger.hold(device_id, "spot", now)
