@@ -1,0 +1,257 @@
+"""Spotlight's headline on this machine: wall time, dollars and iterations to a validation target, per mode.
+
+Modes, each a real `spotlight train` run in its own process with one core per device (pinned, one
+thread each; `spotlight/runtime/cores.py`):
+
+    vanilla        1 device: random seeds
+    sync-explore   1 device: seed exploration with the current weights on the critical path
+    spot-rollout   1 on-demand + 1 spot device (Ray, the spot trace): the spot device helps the rollout
+    spotlight      1 on-demand + 1 spot device (Ray, the spot trace): stale exploration on the spot
+                   device while the trainer trains, and rollout help
+
+The target is fixed before any run: the shipped base model's validation strict accuracy (measured
+here with the same validation settings) plus ``--gain``. A run stops at the first validation that
+reaches it (``eval.target_accuracy``) or at ``--max-wall-s`` of training. Time is the iterations' own
+wall time (`time/wall_s`: validation left out, as it is a measurement). Dollars are the devices held
+during those iterations at the run's prices (on-demand price for the trainer; spot price per spot
+device held), so both sides are billed for the same seconds.
+
+    .venv/bin/python benchmarks/time_to_target.py --seeds 0 1 2 3 4
+    .venv/bin/python benchmarks/time_to_target.py --reward strict --seeds 0 1 2   # binary strict reward
+
+One-device runs go two at a time (cores 0 and 1); two-device runs alone. Prints a table, writes
+JSON (commit, machine, every run's curve) and a PNG of the curves to benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from provenance import REPO, RESULTS, git_commit, machine
+
+from spotlight.config import TrainConfig, load_config
+from spotlight.evaluation import evaluate
+from spotlight.rl.checkpoint import load_model
+from spotlight.runtime.cores import pinned
+from spotlight.runtime.cost_meter import default_prices
+from spotlight.tasks.registry import get_task
+
+MODES = ("vanilla", "sync-explore", "spot-rollout", "spotlight")
+DEVICES = {"vanilla": 1, "sync-explore": 1, "spot-rollout": 2, "spotlight": 2}
+REWARDS = {"mixed": "reward.strict_weight=0.5", "strict": "reward.strict_weight=1.0"}
+
+
+@dataclass
+class Job:
+    mode: str
+    seed: int
+    run_dir: Path
+    overrides: list[str]
+    process: subprocess.Popen | None = None
+    cores: list[int] | None = None
+
+
+def base_accuracy(overrides: list[str]) -> tuple[float, float]:
+    """Validation strict accuracy (and its standard error) of the base model under the runs' settings."""
+    config = load_config(TrainConfig, None, overrides)
+    task = get_task(config.task)
+    with pinned(0):
+        result = evaluate(load_model(config.base_checkpoint), task.split()[1],
+                          task.make_reward(config.reward.strict_weight), config.eval.seeds_per_prompt,
+                          config.eval.num_steps, config.rollout.shift)
+    return result.strict_accuracy, result.strict_accuracy_se
+
+
+def start(job: Job, cores: list[int], log_dir: Path) -> None:
+    shutil.rmtree(job.run_dir, ignore_errors=True)
+    cores_text = "[" + ",".join(str(core) for core in cores) + "]"
+    command = [sys.executable, "-m", "spotlight", "train", *(arg for o in job.overrides for arg in ("-s", o)),
+               "-s", f"device_cores={cores_text}", "-s", f"run_dir={job.run_dir}"]
+    log = (log_dir / f"{job.mode}-seed{job.seed}.log").open("w")
+    job.process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    job.cores = cores
+
+
+def run_all(jobs: list[Job], log_dir: Path) -> None:
+    """Run the jobs, two one-device runs at a time or one two-device run, in order."""
+    free, running, waiting = [0, 1], [], list(jobs)
+    while waiting or running:
+        for job in list(running):
+            if job.process.poll() is not None:
+                running.remove(job)
+                free.extend(job.cores)
+                status = "ok" if job.process.returncode == 0 else f"FAILED (exit {job.process.returncode})"
+                print(f"  done {job.mode} seed {job.seed}: {status}", flush=True)
+        while waiting and len(free) >= DEVICES[waiting[0].mode]:
+            job = waiting.pop(0)
+            need = DEVICES[job.mode]
+            cores, free = sorted(free)[:need], sorted(free)[need:]
+            start(job, cores, log_dir)
+            running.append(job)
+            print(f"  start {job.mode} seed {job.seed} on cores {cores}", flush=True)
+        time.sleep(2.0)
+
+
+def dollars(records: list[dict], prices: dict[str, float]) -> list[float]:
+    """Cumulative dollars after each record: the trainer at on-demand price, each spot device held at spot."""
+    total, previous_wall, out = 0.0, 0.0, []
+    for record in records:
+        step_s = record["time/wall_s"] - previous_wall
+        previous_wall = record["time/wall_s"]
+        spot = record.get("runtime/spot_devices", 0.0)
+        total += step_s / 3600 * (prices["on_demand_per_hour"] + spot * prices["spot_per_hour"])
+        out.append(total)
+    return out
+
+
+def outcome(job: Job, target: float, prices: dict[str, float]) -> dict:
+    """One run's curve and when it reached the target (None where it did not)."""
+    records = [json.loads(line) for line in (job.run_dir / "metrics.jsonl").read_text().splitlines()]
+    spent = dollars(records, prices)
+    curve = [{"iteration": r["iteration"], "wall_s": r["time/wall_s"], "usd": usd,
+              "strict": r["val/strict_accuracy"], "se": r["val/strict_accuracy_se"]}
+             for r, usd in zip(records, spent, strict=True) if "val/strict_accuracy" in r]
+    reached = next((point for point in curve[1:] if point["strict"] >= target), None)
+    return {
+        "mode": job.mode, "seed": job.seed, "curve": curve, "reached": reached is not None,
+        "wall_s_to_target": reached["wall_s"] if reached else None,
+        "usd_to_target": reached["usd"] if reached else None,
+        "iterations_to_target": reached["iteration"] if reached else None,
+        "final_strict": curve[-1]["strict"], "train_wall_s": records[-1]["time/wall_s"],
+        "group_reward_std": float(np.mean([r["rollout/group_reward_std"] for r in records[1:]])),
+    }
+
+
+def spread(values: list[float | None], runs: int) -> dict:
+    """Median, min, max over the runs that reached the target; a run that did not counts as not reached."""
+    reached = [v for v in values if v is not None]
+    if len(reached) * 2 <= runs:  # the median run did not reach the target
+        return {"median": None, "min": min(reached, default=None), "max": max(reached, default=None),
+                "reached": len(reached)}
+    ordered = sorted(reached) + [math.inf] * (runs - len(reached))
+    return {"median": float(np.median(ordered)), "min": min(reached), "max": max(reached), "reached": len(reached)}
+
+
+def summarise(outcomes: list[dict], modes: list[str]) -> dict:
+    summary = {}
+    for mode in modes:
+        runs = [o for o in outcomes if o["mode"] == mode]
+        summary[mode] = {key: spread([o[key] for o in runs], len(runs))
+                         for key in ("wall_s_to_target", "usd_to_target", "iterations_to_target")}
+        summary[mode]["runs"] = len(runs)
+        summary[mode]["final_strict_mean"] = float(np.mean([o["final_strict"] for o in runs]))
+        summary[mode]["group_reward_std"] = float(np.mean([o["group_reward_std"] for o in runs]))
+    for mode in modes:
+        for reference in ("vanilla", "sync-explore"):
+            if reference not in summary or reference == mode:
+                continue
+            for key in ("wall_s_to_target", "usd_to_target", "iterations_to_target"):
+                ours, theirs = summary[mode][key]["median"], summary[reference][key]["median"]
+                ratio = ours / theirs if ours is not None and theirs not in (None, 0) else None
+                summary[mode][f"{key}_vs_{reference}"] = ratio
+    return summary
+
+
+def plot(outcomes: list[dict], target: float, base: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"vanilla": "tab:grey", "sync-explore": "tab:blue", "spot-rollout": "tab:orange", "spotlight": "tab:red"}
+    figure, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    for run in outcomes:
+        wall = [p["wall_s"] / 60 for p in run["curve"]]
+        usd = [p["usd"] for p in run["curve"]]
+        strict = [p["strict"] for p in run["curve"]]
+        se = [p["se"] for p in run["curve"]]
+        label = run["mode"] if run["seed"] == min(o["seed"] for o in outcomes if o["mode"] == run["mode"]) else None
+        for ax, xs in ((axes[0], wall), (axes[1], usd)):
+            ax.errorbar(xs, strict, yerr=se, color=colours.get(run["mode"]), alpha=0.7, marker="o", markersize=3,
+                        capsize=2, label=label)
+    for ax, xlabel in ((axes[0], "training wall time (min, validation left out)"), (axes[1], "dollars")):
+        ax.axhline(target, color="black", linestyle="--", linewidth=1, label=f"target {target:.3f}")
+        ax.axhline(base, color="black", linestyle=":", linewidth=1, label=f"base {base:.3f}")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("validation strict accuracy (EMA, ± s.e.)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    figure.suptitle("Time and dollars to target, one core per device")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
+    parser.add_argument("--gain", type=float, default=0.10, help="target = base validation strict accuracy + gain")
+    parser.add_argument("--reward", choices=sorted(REWARDS), default="mixed",
+                        help="mixed: partial credit + strict (the default); strict: the 0/1 flag alone")
+    parser.add_argument("--max-wall-s", type=float, default=1200.0, help="training time cap per run")
+    parser.add_argument("--eval-every", type=int, default=5)
+    parser.add_argument("--eval-seeds", type=int, default=10, help="validation seeds per prompt (80 prompts)")
+    parser.add_argument("--set", "-s", action="append", default=[], help="extra config override for every run")
+    parser.add_argument("--runs-dir", default="runs/time-to-target")
+    parser.add_argument("--out", default=None, help="default: benchmarks/results/time_to_target[_strict].json")
+    args = parser.parse_args(argv)
+    suffix = "" if args.reward == "mixed" else f"_{args.reward}"
+    out = Path(args.out) if args.out else RESULTS / f"time_to_target{suffix}.json"
+    common = [REWARDS[args.reward], f"eval.every={args.eval_every}", f"eval.seeds_per_prompt={args.eval_seeds}",
+              "eval.raw_model=false", "iterations=100000", f"runtime.max_wall_s={args.max_wall_s}", *args.set]
+    base, base_se = base_accuracy(common)
+    target = base + args.gain
+    print(f"base validation strict accuracy {base:.3f} ± {base_se:.3f}; target {target:.3f} (fixed before the runs)",
+          flush=True)
+    runs_dir = Path(args.runs_dir)
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    jobs = [Job(mode, seed, runs_dir / f"{mode}-seed{seed}",
+                [f"mode={mode}", f"seed={seed}", f"eval.target_accuracy={target}", *common])
+            for seed in args.seeds for mode in args.modes]
+    jobs.sort(key=lambda job: DEVICES[job.mode])  # one-device runs pair up first
+    started = time.time()
+    load_before = os.getloadavg()
+    run_all(jobs, runs_dir)
+    config = load_config(TrainConfig, None, common)
+    table = default_prices(config.runtime.prices.instance, config.runtime.prices.on_demand_per_gpu_hour,
+                           config.runtime.prices.spot_per_gpu_hour)
+    prices = {"on_demand_per_hour": table.on_demand_per_hour, "spot_per_hour": table.spot_per_hour}
+    outcomes = [outcome(job, target, prices) for job in jobs if job.process.returncode == 0]
+    summary = summarise(outcomes, args.modes)
+    print(f"\n{'mode':14s} {'reached':>8s} {'wall to target (min) med [min-max]':>36s} "
+          f"{'$ to target med':>16s} {'iters med':>10s} {'vs vanilla':>11s} {'vs sync':>8s}")
+    for mode in args.modes:
+        row = summary[mode]
+        wall, usd, iters = row["wall_s_to_target"], row["usd_to_target"], row["iterations_to_target"]
+
+        def fmt(value, scale=1.0, digits=1):
+            return "-" if value is None else f"{value / scale:.{digits}f}"
+
+        print(f"{mode:14s} {wall['reached']:>3d}/{row['runs']:<4d} "
+              f"{fmt(wall['median'], 60):>18s} [{fmt(wall['min'], 60)}-{fmt(wall['max'], 60)}]{'':8s} "
+              f"{fmt(usd['median'], 1, 4):>16s} {fmt(iters['median'], 1, 0):>10s} "
+              f"{fmt(row.get('wall_s_to_target_vs_vanilla'), 1, 2):>11s} "
+              f"{fmt(row.get('wall_s_to_target_vs_sync-explore'), 1, 2):>8s}")
+    payload = {"benchmark": "time_to_target", "commit": git_commit(), "machine": machine(), "args": vars(args),
+               "base_strict": base, "base_strict_se": base_se, "target": target, "prices": prices,
+               "load_average_before": load_before, "load_average_after": os.getloadavg(),
+               "elapsed_s": time.time() - started, "summary": summary, "runs": outcomes,
+               "failed": [f"{job.mode} seed {job.seed}" for job in jobs if job.process.returncode != 0]}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(payload, indent=2))
+    plot(outcomes, target, base, out.with_suffix(".png"))
+    print(f"\nwrote {out} and {out.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()
