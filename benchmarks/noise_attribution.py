@@ -10,7 +10,8 @@ Three measurements on a shipped base model (no training), each over the same tra
    first ``sde_steps`` steps, ODE after) and of the ODE, at the same seeds.
 3. Exploration arms: for each arm, the per-prompt correlation of its candidate rewards with the
    rollout rewards of the same seeds (fresh weights), and the rollout group std of the G seeds it
-   selects out of N, against G random seeds.
+   selects out of N, against G random seeds; for SDE rollouts (flow-grpo) and the ODE rollout (nft,
+   where a seed is the initial latent and an arm is a prefix of the rollout's ODE).
 
     python benchmarks/noise_attribution.py                 # shapes-base
     python benchmarks/noise_attribution.py --task ocr --checkpoint ocr-base
@@ -76,7 +77,9 @@ def main() -> None:
     parser.add_argument("--shift", type=float, default=3.0)
     parser.add_argument("--noise-level", type=float, default=0.7)
     parser.add_argument("--sde-steps", type=int, default=6)
-    parser.add_argument("--splits", type=int, nargs="+", default=[1, 3, 6, 8])
+    parser.add_argument("--splits", type=int, nargs="*", default=[1, 3, 6, 8])
+    parser.add_argument("--rollouts", nargs="+", choices=["sde", "ode"], default=["sde", "ode"],
+                        help="rollout samplers whose exploration arms are measured (sde: full and window)")
     parser.add_argument("--candidates", type=int, default=16)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--arm-steps", type=int, nargs="+", default=[3, 5, 7, 9, 10])
@@ -113,11 +116,14 @@ def main() -> None:
         print(f"{name:<16} reward {quality[name]['reward']:.3f}  strict {quality[name]['strict']:.3f}")
 
     arms = []
-    for rollout_name, rollout in (("sde", full_sde), (f"sde window {args.sde_steps}", windowed)):
+    for rollout_name, rollout in samplers.items():
+        if rollout_name.split()[0] not in args.rollouts:
+            continue
         truth = rollout_rewards[rollout_name]
         random_std = float(truth[:, : args.group_size].std(dim=1, unbiased=False).mean())
         for arm_steps in args.arm_steps:
-            for sampler in ("sde", "ode"):
+            # with an ODE rollout (nft) every arm is an ODE prefix of it: one arm per S
+            for sampler in ("sde", "ode") if rollout.sampler == "sde" else ("ode",):
                 sampling = exploration_sampling(ExplorePlan(args.candidates, arm_steps, sampler), rollout)
                 explored = score_candidates(model, prompts, candidate_seeds, sampling, reward)
                 chosen = torch.stack([select_max_variance(row, args.group_size) for row in explored])

@@ -60,6 +60,13 @@ class Job:
     process: subprocess.Popen | None = None
     cores: list[int] | None = None
 
+    @property
+    def finished(self) -> bool:
+        """It ran to its end (or, with --analyse-only, an earlier invocation left its metrics)."""
+        if self.process is None:
+            return (self.run_dir / "metrics.jsonl").is_file()
+        return self.process.returncode == 0
+
 
 def base_accuracy(overrides: list[str]) -> tuple[float, float]:
     """Validation strict accuracy (and its standard error) of the base model under the runs' settings."""
@@ -204,16 +211,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--set", "-s", action="append", default=[], help="extra config override for every run")
     parser.add_argument("--runs-dir", default="runs/time-to-target")
     parser.add_argument("--out", default=None, help="default: benchmarks/results/time_to_target[_strict].json")
+    parser.add_argument("--analyse-only", action="store_true",
+                        help="summarise finished runs in --runs-dir (their own target) without running")
     args = parser.parse_args(argv)
     suffix = "" if args.reward == "mixed" else f"_{args.reward}"
     out = Path(args.out) if args.out else RESULTS / f"time_to_target{suffix}.json"
     common = [REWARDS[args.reward], f"eval.every={args.eval_every}", f"eval.seeds_per_prompt={args.eval_seeds}",
               "eval.raw_model=false", "iterations=100000", f"runtime.max_wall_s={args.max_wall_s}", *args.set]
-    base, base_se = base_accuracy(common)
-    target = base + args.gain
+    runs_dir = Path(args.runs_dir)
+    if args.analyse_only:  # the runs exist: their target and base are in their own records
+        first = runs_dir / f"{args.modes[0]}-seed{args.seeds[0]}"
+        target = load_config(TrainConfig, first / "config.yaml").eval.target_accuracy
+        record = json.loads((first / "metrics.jsonl").read_text().splitlines()[0])
+        base, base_se = record["val/strict_accuracy"], record["val/strict_accuracy_se"]
+    else:
+        base, base_se = base_accuracy(common)
+        target = base + args.gain
     print(f"base validation strict accuracy {base:.3f} ± {base_se:.3f}; target {target:.3f} (fixed before the runs)",
           flush=True)
-    runs_dir = Path(args.runs_dir)
     runs_dir.mkdir(parents=True, exist_ok=True)
     jobs = [Job(mode, seed, runs_dir / f"{mode}-seed{seed}",
                 [f"mode={mode}", f"seed={seed}", f"eval.target_accuracy={target}", *common])
@@ -221,12 +236,13 @@ def main(argv: list[str] | None = None) -> None:
     jobs.sort(key=lambda job: DEVICES[job.mode])  # one-device runs pair up first
     started = time.time()
     load_before = os.getloadavg()
-    run_all(jobs, runs_dir)
+    if not args.analyse_only:
+        run_all(jobs, runs_dir)
     config = load_config(TrainConfig, None, common)
     table = default_prices(config.runtime.prices.instance, config.runtime.prices.on_demand_per_gpu_hour,
                            config.runtime.prices.spot_per_gpu_hour)
     prices = {"on_demand_per_hour": table.on_demand_per_hour, "spot_per_hour": table.spot_per_hour}
-    outcomes = [outcome(job, target, prices) for job in jobs if job.process.returncode == 0]
+    outcomes = [outcome(job, target, prices) for job in jobs if job.finished]
     summary = summarise(outcomes, args.modes)
     print(f"\n{'mode':14s} {'reached':>8s} {'wall to target (min) med [min-max]':>36s} "
           f"{'$ to target med':>16s} {'iters med':>10s} {'vs vanilla':>11s} {'vs sync':>8s}")
@@ -246,7 +262,13 @@ def main(argv: list[str] | None = None) -> None:
                "base_strict": base, "base_strict_se": base_se, "target": target, "prices": prices,
                "load_average_before": load_before, "load_average_after": os.getloadavg(),
                "elapsed_s": time.time() - started, "summary": summary, "runs": outcomes,
-               "failed": [f"{job.mode} seed {job.seed}" for job in jobs if job.process.returncode != 0]}
+               # the simulator's convergence fit reads this (`convergence.measured`; sim/convergence.py)
+               "modes": {mode: {"group_reward_std": {"values": [o["group_reward_std"] for o in outcomes
+                                                               if o["mode"] == mode]},
+                                "iterations_to_target": {"values": [o["iterations_to_target"] or math.inf
+                                                                    for o in outcomes if o["mode"] == mode]}}
+                         for mode in args.modes},
+               "failed": [f"{job.mode} seed {job.seed}" for job in jobs if not job.finished]}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(payload, indent=2))
     plot(outcomes, target, base, out.with_suffix(".png"))
