@@ -30,7 +30,7 @@ from spotlight.sim.simulator import MODES, SimConfig, SimResult, cheapest_mix, p
 from spotlight.sim.traces import Availability, default_trace_dir, load_trace
 from spotlight.sim.workload import describe
 
-MEASURED = RESULTS / "exploration_convergence.json"
+MEASURED = RESULTS / "time_to_target.json"  # when the config names no convergence.measured
 PROVIDERS = {  # (on-demand, spot) machine of each cloud in the packaged price table
     "aws p5.48xlarge": ("p5.48xlarge", "p5.48xlarge"),
     "gcp a3-highgpu-8g": ("a3-highgpu-8g", "a3-highgpu-8g"),
@@ -124,6 +124,10 @@ def main() -> None:
     started = time.perf_counter()
 
     config: SimConfig = load_config(SimConfig, args.config)
+    measured = Path(config.convergence.measured) if config.convergence.measured else MEASURED
+    measured = measured if measured.is_absolute() else REPO / measured
+    if config.convergence.alpha is None and measured.is_file():  # the simulation runs on the fitted α
+        config = with_fields(config, convergence={"measured": str(measured)})
     trace = load_trace(default_trace_dir() / config.cluster.trace)
     prices = load_prices()
 
@@ -131,9 +135,9 @@ def main() -> None:
     workload = describe(config.workload)
     measured_alpha = None
     unfitted = None  # why the measured runs give no alpha, when they don't
-    if MEASURED.is_file():
+    if measured.is_file():
         try:
-            model = fit_convergence(load_measured_points(MEASURED))
+            model = fit_convergence(load_measured_points(measured))
             measured_alpha = {"alpha": model.alpha, "assumed": model.alpha_assumed, "points": model.num_points,
                               "r_squared": model.r_squared}
         except ValueError as error:  # no measured run reached its target: nothing to fit
@@ -164,11 +168,11 @@ def main() -> None:
           f"preemptions/h, scaled onto {config.cluster.spot_devices} spot GPUs; "
           f"notice {config.cluster.notice_s:.0f} s, {config.cluster.recovery} recovery")
     if unfitted is not None:
-        print(f"convergence: {MEASURED.name} gives no α ({unfitted}); α = 1 assumed (progress ∝ group reward std)")
+        print(f"convergence: {measured.name} gives no α ({unfitted}); α = 1 assumed (progress ∝ group reward std)")
     elif measured_alpha is None:
-        print(f"convergence: no {MEASURED.name}; α = 1 assumed (progress ∝ group reward std)")
+        print(f"convergence: no {measured.name}; α = 1 assumed (progress ∝ group reward std)")
     else:
-        print(f"convergence: {MEASURED.name} gives α = {measured_alpha['alpha']:.2f} "
+        print(f"convergence: {measured.name} gives α = {measured_alpha['alpha']:.2f} "
               f"({measured_alpha['points']} runs{', assumed' if measured_alpha['assumed'] else ''})")
 
     # --- the four modes --------------------------------------------------------------------------

@@ -276,7 +276,7 @@ def fit_convergence(points: Iterable[tuple[float, float] | MeasuredPoint]) -> Co
 
 
 def load_measured_points(path: str | os.PathLike[str]) -> list[MeasuredPoint]:
-    """Return one MeasuredPoint per run from an `exploration_convergence.json` benchmark result.
+    """Return one MeasuredPoint per run from a `time_to_target.json` (or `exploration_convergence.json`) result.
 
     The format: {"modes": {mode: {"group_reward_std": {"values": [...]}, "iterations_to_target":
     {"values": [...]}}}}, the two lists in the same run order. A run that never reached the target
@@ -287,7 +287,7 @@ def load_measured_points(path: str | os.PathLike[str]) -> list[MeasuredPoint]:
         payload = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ValueError(
-            f"{path}: no such file; run `python benchmarks/exploration_convergence.py` to measure it"
+            f"{path}: no such file; run `python benchmarks/time_to_target.py` (from the repository root) to measure it"
         ) from None
     except json.JSONDecodeError as error:
         raise ValueError(f"{path}: not valid JSON ({error.msg} at line {error.lineno})") from None
@@ -315,7 +315,7 @@ def load_measured_points(path: str | os.PathLike[str]) -> list[MeasuredPoint]:
 class ConvergenceConfig(Section):
     """Where the simulator's convergence law comes from.
 
-    alpha: the exponent, if given; else fitted from `measured` (an exploration_convergence.json)
+    alpha: the exponent, if given; else fitted from `measured` (a time_to_target.json; relative to the cwd)
     if given; else 1 (assumption: progress ∝ reward spread, see the module docstring).
     vanilla_iterations: iterations vanilla GRPO needs to reach the target on the simulated
     workload (an input; 100 is an assumption, not a measurement).

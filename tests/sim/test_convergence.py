@@ -104,7 +104,7 @@ def test_measured_lists_of_different_lengths_are_refused(tmp_path: Path) -> None
 
 
 def test_a_missing_measured_file_points_at_the_benchmark(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="exploration_convergence.py"):
+    with pytest.raises(ValueError, match="time_to_target.py"):
         load_measured_points(tmp_path / "absent.json")
 
 
