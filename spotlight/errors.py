@@ -33,6 +33,7 @@ KNOWN_ERRORS = (
     ("spotlight.rl.checkpoint", "CheckpointError"),
     ("spotlight.rewards.base", "RewardError"),
     ("spotlight.pipeline", "RunError"),
+    ("spotlight.run_dir", "RunDirError"),
     ("spotlight.sim.traces", "TraceError"),
     ("spotlight.sim.prices", "PriceError"),
     ("spotlight.runtime.pools", "PoolError"),

@@ -49,7 +49,9 @@ from spotlight.rl.checkpoint import (
     save_training_checkpoint,
 )
 from spotlight.rl.grpo import RolloutBatch, grpo_update
+from spotlight.rl.manifest import write_text_durably
 from spotlight.rl.nft import nft_update
+from spotlight.run_dir import RunDirLock, check_resume_config, read_metrics
 from spotlight.runtime.cores import pinned
 from spotlight.tasks.registry import get_task, task_of
 
@@ -188,6 +190,16 @@ class Trainer:
         torch.manual_seed(config.seed)
         torch.set_num_threads(1 if config.pin_devices else config.num_threads)
         self.run_dir = Path(config.run_dir)
+        self._lock = RunDirLock(self.run_dir)  # one writer per run directory, until `run` ends
+        try:
+            if resume:  # before anything is loaded or written: a resume must not change what ran
+                check_resume_config(self.run_dir / "config.yaml", config)
+            self._setup(config, reward, resume)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _setup(self, config: TrainConfig, reward: Reward | None, resume: bool) -> None:
         task = get_task(config.task)
         self.reward = reward if reward is not None else task.make_reward(config.reward.strict_weight)
         self.train_prompts, self.val_prompts = task.split()
@@ -212,7 +224,6 @@ class Trainer:
         elif (self.run_dir / "metrics.jsonl").exists():
             raise RunError(f"run directory {self.run_dir} already has a run: pass --resume to continue it, "
                            "or choose another run_dir")
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         dump_config(config, self.run_dir / "config.yaml")
 
     def _resume(self) -> None:
@@ -232,11 +243,11 @@ class Trainer:
         torch.set_rng_state(state.rng["torch"])
         self.start_iteration = state.iteration
         metrics_path = self.run_dir / "metrics.jsonl"
-        kept = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+        kept = read_metrics(metrics_path)
         self.history = [record for record in kept if record["iteration"] <= state.iteration]
         self.best_accuracy = max((r["val/strict_accuracy"] for r in self.history if "val/strict_accuracy" in r),
                                  default=float("-inf"))
-        metrics_path.write_text("".join(json.dumps(record) + "\n" for record in self.history))
+        write_text_durably(metrics_path, "".join(json.dumps(record) + "\n" for record in self.history))
 
     @property
     def eval_model(self) -> TinyDiT:
@@ -360,6 +371,7 @@ class Trainer:
                     break
         finally:
             metrics_file.close()
+            self._lock.release()
         validation = [r for r in self.history if "val/strict_accuracy" in r]
         return RunSummary(run_dir=self.run_dir, history=self.history, validation=validation)
 

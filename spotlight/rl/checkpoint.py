@@ -1,14 +1,18 @@
-"""Checkpoints: model weights as safetensors, optimizer and RNG as torch files, written atomically.
+"""Checkpoints: weights in safetensors, loop state in JSON, optimizer and RNG in a weights-only torch file.
 
-A checkpoint is a directory. It is written under a temporary name and renamed into place, and the
-``latest`` pointer is replaced atomically after it, so a run killed at any moment leaves either the
-previous checkpoint or the new one, never a torn one.
+A checkpoint is a directory. It is written under a temporary name, every file fsynced and listed with
+its checksum (`spotlight.rl.manifest`), and renamed into place; the ``latest`` pointer is replaced
+atomically after it. A run killed at any moment leaves either the previous checkpoint or the new one,
+and one damaged later (a truncated file) is detected and skipped. Nothing is loaded in a way that can
+run code from the run directory: ``--resume`` must be safe on a directory someone else wrote.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import pickle
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -16,9 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
+from spotlight.rl.manifest import MANIFEST_FILE, fsync_dir, manifest_problem, write_manifest, write_text_durably
+
+logger = logging.getLogger(__name__)
 
 MODEL_FILE = "model.safetensors"
 MODEL_CONFIG_FILE = "model.json"
@@ -77,8 +85,10 @@ def load_model(directory: str | Path, weights_file: str = MODEL_FILE) -> TinyDiT
         description = json.loads(config_path.read_text())
         model = TinyDiT(TinyDiTConfig(**description["config"]))
         model.load_state_dict(load_file(str(weights_path)))
-    except (ValueError, KeyError, RuntimeError, TypeError) as error:
-        raise CheckpointError(f"checkpoint {directory} is unreadable ({type(error).__name__}: {error})") from None
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError, SafetensorError) as error:
+        detail = " ".join(str(error).split())[:200]
+        raise CheckpointError(f"checkpoint {directory} is unreadable ({type(error).__name__}: {detail}): copy it "
+                              "again in full, or point at another model directory") from None
     return model
 
 
@@ -98,6 +108,34 @@ class TrainingState:
     extra: dict[str, Any]
 
 
+TRAINING_STATE_FILE = "training_state.pt"  # optimizer state and RNG: tensors in plain containers only
+STATE_FILE = "state.json"  # iteration and the loop's plain-data state (planner, monitor, budget)
+EMA_FILE = "ema.safetensors"
+
+
+def _is_state_dict(value: Any) -> bool:
+    return isinstance(value, dict) and bool(value) and all(isinstance(v, torch.Tensor) for v in value.values())
+
+
+def _write_training_files(staging: Path, iteration: int, model: TinyDiT, optimizer: torch.optim.Optimizer,
+                          ema: torch.nn.Module | None, extra: dict[str, Any]) -> None:
+    """Every file of a training checkpoint: tensors in safetensors, the optimizer and RNG in a torch file
+    that loads with ``weights_only=True``, the rest in JSON; the manifest last."""
+    save_model(staging, model, {"iteration": iteration})
+    if ema is not None:
+        save_file(_state_dict_for_saving(ema), str(staging / EMA_FILE))
+    tensor_extras = sorted(key for key, value in extra.items() if _is_state_dict(value))
+    for key in tensor_extras:
+        save_file({name: t.detach().contiguous().cpu() for name, t in extra[key].items()},
+                  str(staging / f"extra-{key}.safetensors"))
+    torch.save({"optimizer": optimizer.state_dict(), "rng": torch.get_rng_state(), "iteration": iteration},
+               staging / TRAINING_STATE_FILE)
+    plain = {key: value for key, value in extra.items() if key not in tensor_extras}
+    (staging / STATE_FILE).write_text(json.dumps({"iteration": iteration, "extra": plain,
+                                                  "tensor_extras": tensor_extras}))
+    write_manifest(staging)
+
+
 def save_training_checkpoint(
     run_dir: Path,
     iteration: int,
@@ -106,58 +144,108 @@ def save_training_checkpoint(
     ema: torch.nn.Module | None,
     extra: dict[str, Any],
 ) -> Path:
-    """Atomically write ``run_dir/checkpoints/iter-XXXXXX`` and point ``latest`` at it; returns its path."""
+    """Atomically and durably write ``run_dir/checkpoints/iter-XXXXXX`` and point ``latest`` at it; returns its path.
+
+    ``extra`` holds the loop's state: state dicts (name -> tensor) go to safetensors, everything else
+    must be JSON. A write that fails (disk full, permissions) removes its staging directory and raises
+    a one-line :class:`CheckpointError`; the previous checkpoint stays the newest complete one.
+    """
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"iter-{iteration:06d}"
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
-    save_model(staging, model, {"iteration": iteration})
-    if ema is not None:
-        save_file(_state_dict_for_saving(ema), str(staging / "ema.safetensors"))
-    torch.save(
-        {"optimizer": optimizer.state_dict(), "rng": {"torch": torch.get_rng_state()}, "extra": extra,
-         "iteration": iteration},
-        staging / "training_state.pt",
-    )
-    if final.exists():  # move the old copy aside first, so that a complete directory always exists
-        retired = root / f".retired-{final.name}"
-        shutil.rmtree(retired, ignore_errors=True)
-        os.replace(final, retired)
-        os.replace(staging, final)
-        shutil.rmtree(retired)
-    else:
-        os.replace(staging, final)
+    try:
+        _write_training_files(staging, iteration, model, optimizer, ema, extra)
+        if final.exists():  # move the old copy aside first, so that a complete directory always exists
+            retired = root / f".retired-{final.name}"
+            shutil.rmtree(retired, ignore_errors=True)
+            os.replace(final, retired)
+            os.replace(staging, final)
+            shutil.rmtree(retired)
+        else:
+            os.replace(staging, final)
+        fsync_dir(root)
+        write_text_durably(root / "latest", final.name)
+    except BaseException as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(error, OSError | SafetensorError | RuntimeError):  # the writers' ways of saying "disk full"
+            detail = getattr(error, "strerror", None) or " ".join(str(error).split())[:200]
+            raise CheckpointError(
+                f"could not write checkpoint {final} ({detail}): free disk space or make "
+                f"{root} writable, then continue with --resume from the previous checkpoint"
+            ) from None
+        raise
     for leftover in root.glob(".staging-*"):  # from an earlier crash mid-write
-        if leftover != final:
-            shutil.rmtree(leftover, ignore_errors=True)
-    pointer_tmp = root / ".latest.tmp"
-    pointer_tmp.write_text(final.name)
-    os.replace(pointer_tmp, root / "latest")
+        shutil.rmtree(leftover, ignore_errors=True)
     return final
 
 
+def checkpoint_problem(checkpoint: Path) -> str | None:
+    """Why ``checkpoint`` cannot be resumed from (a short phrase), or None if it is complete and intact."""
+    if not (checkpoint / MANIFEST_FILE).is_file() and (checkpoint / TRAINING_STATE_FILE).is_file():
+        return ("it was written by an earlier Spotlight as a pickled training_state.pt, which --resume no longer "
+                "loads because unpickling it can run code")
+    if not (checkpoint / MANIFEST_FILE).is_file() and not (checkpoint / STATE_FILE).is_file():
+        return f"it is not a training checkpoint (no {MANIFEST_FILE}, {STATE_FILE} or {TRAINING_STATE_FILE})"
+    return manifest_problem(checkpoint)
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint of a run, or None if it has none."""
-    pointer = Path(run_dir) / "checkpoints" / "latest"
-    if not pointer.is_file():
+    """The newest complete, intact checkpoint of a run; None if it has none.
+
+    A newest checkpoint that fails its checksums (a torn write, a truncated file) is skipped with a
+    warning naming it, and the one before it is used: losing a few iterations beats not resuming.
+    Raises :class:`CheckpointError` when checkpoints exist but none is usable.
+    """
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
         return None
-    path = pointer.parent / pointer.read_text().strip()
-    if (path / "training_state.pt").is_file():
-        return path
-    # A crash while re-writing the latest iteration: fall back to the newest complete checkpoint
-    # (directories only ever appear under their final name by rename, so they are complete).
-    complete = sorted(p for p in pointer.parent.glob("iter-*") if (p / "training_state.pt").is_file())
-    return complete[-1] if complete else None
+    skipped: list[tuple[Path, str]] = []
+    for checkpoint in sorted((p for p in root.glob("iter-*") if p.is_dir()), reverse=True):
+        problem = checkpoint_problem(checkpoint)
+        if problem is None:
+            for bad, reason in skipped:
+                logger.warning("checkpoint %s is not usable (%s); resuming from %s instead", bad, reason,
+                               checkpoint.name)
+            return checkpoint
+        skipped.append((checkpoint, problem))
+    if skipped:
+        bad, reason = skipped[0]
+        raise CheckpointError(f"--resume: no usable checkpoint in {root}: {bad.name}: {reason}; "
+                              "start a new run_dir (or restore the checkpoint files)")
+    return None
 
 
 def load_training_state(checkpoint: Path) -> TrainingState:
-    """Read the optimizer, EMA, RNG and loop state of a checkpoint written by :func:`save_training_checkpoint`."""
-    state_path = Path(checkpoint) / "training_state.pt"
-    if not state_path.is_file():
-        raise CheckpointError(f"{state_path} is missing: --resume needs a checkpoint written by 'spotlight train'")
-    state = torch.load(state_path, weights_only=False)
-    ema_path = Path(checkpoint) / "ema.safetensors"
-    ema = load_file(str(ema_path)) if ema_path.is_file() else None
-    return TrainingState(
-        iteration=state["iteration"], optimizer=state["optimizer"], ema=ema, rng=state["rng"], extra=state["extra"]
-    )
+    """Read the optimizer, EMA, RNG and loop state of a checkpoint written by :func:`save_training_checkpoint`.
+
+    Nothing here can run code from the run directory: tensors come from safetensors, plain data from
+    JSON, and the optimizer/RNG file is unpickled with ``weights_only=True`` (tensors and plain
+    containers only); anything else in it is refused.
+    """
+    checkpoint = Path(checkpoint)
+    problem = checkpoint_problem(checkpoint)
+    if problem is not None:
+        raise CheckpointError(f"checkpoint {checkpoint} cannot be resumed: {problem}; --resume needs a checkpoint "
+                              f"written by this version of 'spotlight train' (or start a new run_dir)")
+    state_path = checkpoint / TRAINING_STATE_FILE
+    try:
+        state = torch.load(state_path, weights_only=True, map_location="cpu")
+        plain = json.loads((checkpoint / STATE_FILE).read_text())
+        extra = dict(plain["extra"])
+        for key in plain["tensor_extras"]:
+            extra[key] = load_file(str(checkpoint / f"extra-{key}.safetensors"))
+        ema = load_file(str(checkpoint / EMA_FILE)) if (checkpoint / EMA_FILE).is_file() else None
+        optimizer, rng, iteration = state["optimizer"], state["rng"], int(plain["iteration"])
+    except pickle.UnpicklingError:
+        raise CheckpointError(
+            f"{state_path} holds objects other than tensors and plain containers, which --resume refuses to "
+            "unpickle because they could run code: restore the file 'spotlight train' wrote, or start a new run_dir"
+        ) from None
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as error:
+        raise CheckpointError(f"checkpoint {checkpoint} is unreadable ({type(error).__name__}: "
+                              f"{' '.join(str(error).split())[:200]}); start a new run_dir") from None
+    if not isinstance(rng, torch.Tensor) or not isinstance(optimizer, dict):
+        raise CheckpointError(f"{state_path} does not hold an optimizer state and an RNG tensor: "
+                              "restore the file 'spotlight train' wrote, or start a new run_dir")
+    return TrainingState(iteration=iteration, optimizer=optimizer, ema=ema, rng={"torch": rng}, extra=extra)

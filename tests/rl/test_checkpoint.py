@@ -1,4 +1,9 @@
+import hashlib
 import json
+import logging
+import os
+import resource
+import signal
 from pathlib import Path
 
 import pytest
@@ -17,6 +22,7 @@ from spotlight.rl.checkpoint import (
     save_model,
     save_training_checkpoint,
 )
+from spotlight.rl.manifest import write_manifest
 
 CONFIG = TinyDiTConfig(image_size=8, in_channels=3, patch_size=4, dim=32, depth=1, num_heads=2, vocab_size=16,
                        max_text_len=4)
@@ -95,7 +101,7 @@ def test_training_checkpoint_is_complete_and_latest_points_at_it(tmp_path: Path)
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "iter-000003"
     assert latest_checkpoint(tmp_path) == path
     assert sorted(p.name for p in path.iterdir()) == sorted(
-        [MODEL_FILE, MODEL_CONFIG_FILE, "ema.safetensors", "training_state.pt"])
+        [MODEL_FILE, MODEL_CONFIG_FILE, "ema.safetensors", "training_state.pt", "state.json", "manifest.json"])
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".staging-")]
     state = load_training_state(path)
     assert state.iteration == 3
@@ -205,3 +211,122 @@ def test_a_crash_while_rewriting_the_latest_iteration_keeps_a_complete_checkpoin
     assert latest is not None
     assert load_training_state(latest).iteration in (1, 2)
     load_model(latest)
+
+
+class Payload:
+    """Unpickling this runs code: it creates ``marker`` (what a crafted checkpoint would do with a shell)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.mkdir, (str(self.marker),)
+
+
+def test_a_crafted_pickle_in_the_training_state_does_not_run_and_is_one_line(tmp_path: Path) -> None:
+    model = randomised_model()
+    path = save_training_checkpoint(tmp_path, 1, model, torch.optim.SGD(model.parameters(), lr=0.1), None, {})
+    marker = tmp_path / "payload-ran"
+    torch.save({"optimizer": Payload(marker), "rng": torch.get_rng_state(), "iteration": 1},
+               path / "training_state.pt")
+    write_manifest(path)  # the attacker controls the directory, checksums included
+    torch.load(path / "training_state.pt", weights_only=False)  # the payload is real: a plain unpickle runs it
+    assert marker.is_dir()
+    marker.rmdir()
+    assert latest_checkpoint(tmp_path) == path
+    with pytest.raises(CheckpointError, match="refuses to unpickle") as error:
+        load_training_state(path)
+    assert not marker.exists()
+    assert "\n" not in str(error.value) and "weights_only=False" not in str(error.value)
+
+
+def test_the_training_state_holds_only_tensors_plain_data_and_json(tmp_path: Path) -> None:
+    model = randomised_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    adam_step(model, optimizer)
+    extra = {"previous": randomised_model(3).state_dict(), "planner": {"rng": {"state": 2**100 + 7}}, "budget_s": 1.5}
+    path = save_training_checkpoint(tmp_path, 4, model, optimizer, None, extra)
+    with (path / "training_state.pt").open("rb") as handle:
+        torch.load(handle, weights_only=True)  # loads with the restricted unpickler
+    assert json.loads((path / "state.json").read_text())["extra"] == {"planner": {"rng": {"state": 2**100 + 7}},
+                                                                      "budget_s": 1.5}
+    state = load_training_state(path)
+    assert state.extra["planner"]["rng"]["state"] == 2**100 + 7
+    assert all(torch.equal(state.extra["previous"][k], v) for k, v in extra["previous"].items())
+    listed = json.loads((path / "manifest.json").read_text())["files"]
+    assert sorted(listed) == sorted(p.name for p in path.iterdir() if p.name != "manifest.json")
+    for name, entry in listed.items():  # checksums computed independently of the code under test
+        assert entry["sha256"] == hashlib.sha256((path / name).read_bytes()).hexdigest()
+
+
+def test_an_old_pickled_checkpoint_is_refused_in_one_line(tmp_path: Path) -> None:
+    model = randomised_model()
+    path = save_training_checkpoint(tmp_path, 2, model, torch.optim.SGD(model.parameters(), lr=0.1), None, {})
+    (path / "manifest.json").unlink()
+    (path / "state.json").unlink()
+    with pytest.raises(CheckpointError, match="earlier Spotlight") as error:
+        latest_checkpoint(tmp_path)
+    assert "\n" not in str(error.value) and "new run_dir" in str(error.value)
+    with pytest.raises(CheckpointError, match="earlier Spotlight"):
+        load_training_state(path)
+
+
+@pytest.mark.parametrize("damaged", ["training_state.pt", MODEL_FILE, "state.json"])
+def test_a_truncated_newest_checkpoint_falls_back_to_the_previous_one(tmp_path: Path, caplog, damaged: str) -> None:
+    model = randomised_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    first = save_training_checkpoint(tmp_path, 1, model, optimizer, None, {})
+    second = save_training_checkpoint(tmp_path, 2, model, optimizer, None, {})
+    os.truncate(second / damaged, (second / damaged).stat().st_size // 2)
+    with caplog.at_level(logging.WARNING, logger="spotlight.rl.checkpoint"):
+        assert latest_checkpoint(tmp_path) == first
+    assert "iter-000002" in caplog.text and damaged in caplog.text and "truncated" in caplog.text
+    with pytest.raises(CheckpointError, match="truncated"):
+        load_training_state(second)
+
+
+def test_a_flipped_byte_is_caught_by_the_checksum(tmp_path: Path) -> None:
+    model = randomised_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    first = save_training_checkpoint(tmp_path, 1, model, optimizer, None, {})
+    second = save_training_checkpoint(tmp_path, 2, model, optimizer, None, {})
+    data = bytearray((second / MODEL_FILE).read_bytes())
+    data[-1] ^= 0xFF
+    (second / MODEL_FILE).write_bytes(bytes(data))
+    assert latest_checkpoint(tmp_path) == first
+
+
+def test_no_usable_checkpoint_is_a_one_line_error(tmp_path: Path) -> None:
+    model = randomised_model()
+    only = save_training_checkpoint(tmp_path, 1, model, torch.optim.SGD(model.parameters(), lr=0.1), None, {})
+    (only / "state.json").write_text("{")
+    with pytest.raises(CheckpointError, match="no usable checkpoint") as error:
+        latest_checkpoint(tmp_path)
+    assert "\n" not in str(error.value)
+
+
+def test_a_failed_write_is_one_line_and_leaves_no_staging_directory(tmp_path: Path) -> None:
+    # A real write failure: the kernel refuses writes past RLIMIT_FSIZE (EFBIG), as a full disk refuses them.
+    model = randomised_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    first = save_training_checkpoint(tmp_path, 1, model, optimizer, None, {})
+    previous_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))
+    try:
+        with pytest.raises(CheckpointError, match="could not write checkpoint") as error:
+            save_training_checkpoint(tmp_path, 2, model, optimizer, None, {})
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous_handler)
+    assert "\n" not in str(error.value)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["iter-000001", "latest"]
+    assert latest_checkpoint(tmp_path) == first
+
+
+def test_a_truncated_model_file_is_a_checkpoint_error_with_the_fix(tmp_path: Path) -> None:
+    save_model(tmp_path / "model", randomised_model())
+    os.truncate(tmp_path / "model" / MODEL_FILE, 100)
+    with pytest.raises(CheckpointError, match="unreadable.*copy it again") as error:
+        load_model(tmp_path / "model")
+    assert "\n" not in str(error.value)
