@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from spotlight.explore.planner import PlannerConfig
 from spotlight.runtime.cores import available_cores, check_cores
@@ -155,6 +155,14 @@ class TrainConfig(Section):
             return cores[0] if device == 0 else None
         return cores[1 + (device - 1) % (len(cores) - 1)]
 
+    @field_validator("run_dir")
+    @classmethod
+    def _run_dir_is_not_a_file(cls, run_dir: str) -> str:
+        # checked at load: the CLI opens RUN_DIR/spotlight.log before anything else runs
+        if Path(run_dir).exists() and not Path(run_dir).is_dir():
+            raise ValueError(f"{run_dir} is a file, not a directory: set run_dir to a directory path")
+        return run_dir
+
     @model_validator(mode="after")
     def _cores_exist(self) -> TrainConfig:
         if self.pin_devices and self.device_cores is not None:
@@ -255,6 +263,57 @@ def parse_config(model: type[Section], data: dict[str, Any], source: str = "conf
         raise ConfigError(_format_validation_error(error, source)) from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error.
+
+    Plain YAML lets the last one win silently, so a config that sets ``learning_rate`` twice runs
+    with whichever came last and the reader of the file believes the other.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # '<<' merges may be overridden on purpose
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                seen = first_line.get(key)
+            except TypeError:  # an unhashable key: the base loader reports it
+                continue
+            if seen is not None:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first on line {seen}): keep one of them", key_node.start_mark)
+            first_line[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    mark = getattr(error, "problem_mark", None)
+    where = f"line {mark.line + 1}: " if mark is not None else ""
+    return f"{where}{' '.join(str(getattr(error, 'problem', None) or error).split())}"
+
+
+def _read_config_file(path: Path) -> dict[str, Any]:
+    """The mapping a YAML config file holds; every way it can be unreadable is a one-line ConfigError."""
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a directory: pass a YAML file (see configs/)")
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist: pass an existing YAML file (see configs/)")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {error.start}): save it as UTF-8") from None
+    except OSError as error:
+        raise ConfigError(f"config file {path} cannot be read ({error.strerror}): fix its permissions") from None
+    try:
+        loaded = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML ({_yaml_problem(error)})") from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(loaded).__name__}")
+    return loaded or {}
+
+
 def load_config(model: type[Section], path: str | Path | None, overrides: list[str] | None = None) -> Any:
     """Load a YAML config (or the defaults when ``path`` is None) and apply ``key.sub=value`` overrides."""
     data: dict[str, Any] = {}
@@ -262,20 +321,10 @@ def load_config(model: type[Section], path: str | Path | None, overrides: list[s
     if path is not None:
         path = Path(path)
         source = str(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist: pass an existing YAML file (see configs/)")
-        try:
-            loaded = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as error:
-            mark = getattr(error, "problem_mark", None)
-            where = f" line {mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"{path}:{where} is not valid YAML ({getattr(error, 'problem', error)})") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(loaded).__name__}")
-        data = loaded or {}
+        data = _read_config_file(path)
     for override in overrides or []:
         key, sep, raw = override.partition("=")
-        if not sep or not key:
+        if not sep or not key or "" in key.split("."):
             raise ConfigError(f"override {override!r} must look like section.field=value")
         node = data
         parts = key.split(".")
@@ -283,7 +332,11 @@ def load_config(model: type[Section], path: str | Path | None, overrides: list[s
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {override!r}: {part} is not a section")
-        node[parts[-1]] = yaml.safe_load(raw)
+        try:
+            node[parts[-1]] = yaml.load(raw, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+        except yaml.YAMLError as error:
+            raise ConfigError(f"override {override!r}: the value is not valid YAML ({_yaml_problem(error)}): quote "
+                              f"it, e.g. -s '{key}=\"...\"'") from None
     return parse_config(model, data, source)
 
 

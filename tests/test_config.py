@@ -177,3 +177,33 @@ def test_configs_are_frozen() -> None:
     config = TrainConfig()
     with pytest.raises(ValueError):
         config.train.learning_rate = 1.0  # type: ignore[misc]
+
+
+def test_a_key_given_twice_is_refused_naming_the_key_and_both_lines(tmp_path: Path) -> None:
+    path = write(tmp_path, "seed: 0\ntrain:\n  learning_rate: 0.001\n  kl_beta: 0.1\n  learning_rate: 0.01\n")
+    message = config_error(TrainConfig, path)
+    assert "duplicate key 'learning_rate'" in message and "line 5" in message and "line 3" in message
+    assert "duplicate key 'seed'" in config_error(TrainConfig, write(tmp_path, "seed: 0\nseed: 1\n"))
+
+
+def test_a_yaml_error_inside_an_override_is_one_line_with_the_fix(tmp_path: Path) -> None:
+    message = config_error(TrainConfig, None, ["train.learning_rate=[1,"])
+    assert "override 'train.learning_rate=[1,'" in message and "quote it" in message
+    assert "duplicate key 'a'" in config_error(TrainConfig, None, ["runtime.planner={a: 1, a: 2}"])
+
+
+def test_a_directory_given_as_the_config_file_is_named_as_one(tmp_path: Path) -> None:
+    assert "is a directory" in config_error(TrainConfig, tmp_path)
+
+
+def test_a_config_file_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("seed: 1  # r\xe9glage\n".encode("latin-1"))
+    message = config_error(TrainConfig, path)
+    assert "not UTF-8" in message and "save it as UTF-8" in message
+
+
+def test_a_run_dir_that_is_a_file_is_refused_at_load(tmp_path: Path) -> None:
+    (tmp_path / "taken").write_text("")
+    message = config_error(TrainConfig, None, [f"run_dir={tmp_path / 'taken'}"])
+    assert "run_dir" in message and "is a file" in message
