@@ -66,6 +66,7 @@ from spotlight.runtime.pools import CallResult, LocalCluster, PoolError, SpotPoo
 from spotlight.runtime.preemption import TraceReplay
 from spotlight.runtime.queue import Request, start_queue_actor
 from spotlight.runtime.settings import RUNTIME_MODES
+from spotlight.runtime.watchers import AttachedSpotNodes, WatchSettings
 from spotlight.runtime.worker import WorkerSettings, model_weights
 from spotlight.sim.traces import TraceError, find_trace, load_trace
 
@@ -160,6 +161,7 @@ class RayRuntime:
         self.lock = threading.RLock()
         self.cluster: LocalCluster | None = None
         self.trace: TraceReplay | None = None
+        self.attached: AttachedSpotNodes | None = None  # --address: watchers, joins and losses of spot nodes
         self.removals: dict[str, float] = {}  # node -> removal time (run clock)
         self.joining: list[str] = []  # nodes the trace brought back that are not up yet
         self.finished: list[CallResult] = []
@@ -205,6 +207,11 @@ class RayRuntime:
                              self.epoch0, core_of=lambda k: self.config.device_core(k + 1) if local else None)
         for name, node_id in initial_ids.items():
             self.pool.node_added(name, node_id, initial[name])
+        if section.address is not None and self.mode != "vanilla":
+            watch = WatchSettings(section.cloud, section.metadata_url, section.watch_interval_s)
+            self.attached = AttachedSpotNodes(self.pool, watch, self.now)
+            for name, node_id in initial_ids.items():
+                self.attached.watch(name, node_id)
         if section.sp_degree > 1:
             self._start_elastic(list(initial))
         deadline = time.monotonic() + section.node_timeout_s
@@ -281,6 +288,8 @@ class RayRuntime:
             self.controller.join(timeout=10.0)
         end = self.now()
         with self.lock:
+            if self.attached is not None:
+                self.attached.close()
             self.pool.release_all()
             for device in self.sp_devices:
                 self.ledger.release(device, end)
@@ -345,7 +354,15 @@ class RayRuntime:
             self.controller_error = error
 
     def _membership(self) -> None:
-        """Replay the trace: notices, removals at their deadlines, returns (a fresh node, device, weights)."""
+        """Replay the trace: notices, removals at their deadlines, returns (a fresh node, device, weights).
+
+        On an attached cluster the same from the nodes' preemption watchers and Ray's membership.
+        """
+        if self.attached is not None:
+            with self.lock:
+                for lost in self.attached.poll():
+                    self._collect(lost)
+            return
         if self.trace is None:
             return
         if self.elastic is not None:
@@ -512,6 +529,7 @@ class RayRuntime:
         trainer, plan = self.trainer, rollout_plan(self.config)
         with self.lock:
             helpers = [] if self.mode == "vanilla" else self.pool.devices(version=iteration, state="idle")
+        helpers = helpers[:len(prompts) - 1]  # a part per device, none empty: more devices than prompts idle
         parts = np.array_split(np.arange(len(prompts)), 1 + len(helpers))
         requests = [group_requests([prompts[p] for p in part], seeds[part]) for part in parts]
         with self.lock:

@@ -34,7 +34,7 @@ from spotlight.runtime.device import DeviceCall, SpotDevice
 from spotlight.runtime.events import EventLog
 from spotlight.runtime.worker import WorkerSettings
 
-__all__ = ["CallResult", "LocalCluster", "PoolError", "SpotPool", "attach_cluster"]
+__all__ = ["CallResult", "LocalCluster", "PoolError", "SpotPool", "attach_cluster", "spot_nodes"]
 
 logger = logging.getLogger(__name__)
 
@@ -129,13 +129,18 @@ def attach_cluster(address: str) -> dict[str, tuple[str, int]]:
         ray.shutdown()
         raise PoolError(f"--address {address}: the driver's node offers no 'on_demand' resource; run spotlight train "
                         "on the on-demand node (start it with --resources='{\"on_demand\": 1}')")
-    spot = {node["NodeManagerHostname"] + "/" + node["NodeID"][:8]: (node["NodeID"], int(node["Resources"]["spot"]))
-            for node in nodes if node["Resources"].get("spot", 0) >= 1}
+    spot = spot_nodes()
     if not spot:
         ray.shutdown()
         raise PoolError(f"--address {address}: no live node offers the 'spot' resource; start spot nodes with "
                         "--resources='{\"spot\": <devices>}' (see configs/ray-cluster-spotlight.yaml)")
     return spot
+
+
+def spot_nodes() -> dict[str, tuple[str, int]]:
+    """The live nodes offering ``spot``: {name: (Ray node id, devices)}; a name is host/node-id prefix."""
+    return {node["NodeManagerHostname"] + "/" + node["NodeID"][:8]: (node["NodeID"], int(node["Resources"]["spot"]))
+            for node in ray.nodes() if node["Alive"] and node["Resources"].get("spot", 0) >= 1}
 
 
 State = Literal["starting", "loading", "idle", "busy"]
@@ -237,6 +242,10 @@ class SpotPool:
         """Ids of the live devices without a notice (holding ``version`` and in ``state`` when given)."""
         return [slot.device_id for slot in self._devices.values() if not slot.notified
                 and (version is None or slot.version == version) and (state is None or slot.state == state)]
+
+    def node_busy(self, node: str) -> bool:
+        """Whether a device of ``node`` still runs a call: a noticed node is drained once none does."""
+        return any(slot.state == "busy" for slot in self._on(node))
 
     def is_notified(self, device_id: str) -> bool:
         return self._devices[device_id].notified

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from spotlight.explore.planner import PlannerConfig
@@ -41,6 +43,10 @@ class RuntimeSection(Section):
     spot node's agent keeps k device processes, `spotlight.runtime.elastic_sp`), re-formed after
     each preemption and logged to run_dir/reconfigurations.jsonl; the rollout then runs on the
     on-demand device only. It must divide the model's attention heads (local cluster only).
+    ``cloud``, ``metadata_url``, ``watch_interval_s`` (attached clusters only): every spot node runs
+    a preemption watcher (`spotlight.runtime.watchers`) that polls that cloud's metadata service
+    (``auto``: detected on each node; ``none``: no watcher) at its own address, or at
+    ``metadata_url`` (``{node_id}`` is replaced by the node's Ray id) every ``watch_interval_s``.
     """
 
     address: str | None = None
@@ -57,6 +63,9 @@ class RuntimeSection(Section):
     explore_wait_s: float = Field(15.0, ge=0)
     node_timeout_s: float = Field(120.0, gt=0)
     sp_degree: int = Field(1, ge=1)
+    cloud: Literal["auto", "aws", "gcp", "azure", "none"] = "auto"
+    metadata_url: str | None = None
+    watch_interval_s: float = Field(1.0, gt=0)
     prices: PricesSection = PricesSection()
     planner: PlannerConfig = PlannerConfig(
         num_candidates=(8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128),

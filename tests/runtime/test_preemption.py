@@ -4,18 +4,17 @@ refuse requests without the service's header or token."""
 
 from __future__ import annotations
 
-import json
 import logging
-import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from email.utils import format_datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
+from metadata_services import AwsImds, AzureScheduledEvents, FakeMetadata, GcpMetadata
 
 from spotlight.runtime.preemption import (
     AwsSpotPoller,
@@ -92,95 +91,12 @@ def test_trace_replay_reports_every_preemption_of_a_trace_exactly_once() -> None
 # -- fake metadata services -----------------------------------------------------------------------
 
 
-class FakeMetadata:
-    """A metadata service on 127.0.0.1 (random port) driven by ``respond(handler) -> (status, body)``."""
-
-    def __init__(self, respond: Callable[[BaseHTTPRequestHandler], tuple[int, str]]) -> None:
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                self._answer()
-
-            def do_PUT(self) -> None:
-                self._answer()
-
-            def _answer(self) -> None:
-                status, body = respond(self)
-                data = body.encode()
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except BrokenPipeError:  # the client timed out and left, as a poller should
-                    pass
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def raw_get(url: str, headers: dict[str, str] | None = None) -> int:
     try:
         with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=2) as response:
             return response.status
     except urllib.error.HTTPError as error:
         return error.code
-
-
-class AwsImds:
-    """IMDSv2: PUT a token (TTL header required), then GET with the token or get 401."""
-
-    def __init__(self) -> None:
-        self.action: dict | None = None
-        self.tokens: set[str] = set()
-        self.issued = 0
-
-    def respond(self, request: BaseHTTPRequestHandler) -> tuple[int, str]:
-        if request.command == "PUT" and request.path == AwsSpotPoller.TOKEN_PATH:
-            if "X-aws-ec2-metadata-token-ttl-seconds" not in request.headers:
-                return 400, "missing TTL header"
-            self.issued += 1
-            token = f"token-{self.issued}"
-            self.tokens.add(token)
-            return 200, token
-        if request.headers.get("X-aws-ec2-metadata-token") not in self.tokens:
-            return 401, "unauthorized"
-        if request.path == AwsSpotPoller.ACTION_PATH and self.action is not None:
-            return 200, json.dumps(self.action)
-        return 404, "not found"
-
-
-class GcpMetadata:
-    def __init__(self) -> None:
-        self.preempted = "FALSE"
-
-    def respond(self, request: BaseHTTPRequestHandler) -> tuple[int, str]:
-        if request.headers.get("Metadata-Flavor") != "Google":
-            return 403, "Missing Metadata-Flavor:Google header."
-        if request.path == GcpPreemptionPoller.PATH:
-            return 200, self.preempted
-        return 404, "not found"
-
-
-class AzureScheduledEvents:
-    def __init__(self) -> None:
-        self.events: list[dict] = []
-
-    def respond(self, request: BaseHTTPRequestHandler) -> tuple[int, str]:
-        if request.headers.get("Metadata") != "true":
-            return 400, json.dumps({"error": "Bad request. Required metadata header not specified"})
-        if request.path != AzureScheduledEventsPoller.PATH:
-            return 400, json.dumps({"error": "Bad request. api-version was not specified"})
-        return 200, json.dumps({"DocumentIncarnation": len(self.events), "Events": self.events})
 
 
 Respond = Callable[[BaseHTTPRequestHandler], tuple[int, str]]
