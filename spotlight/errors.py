@@ -37,6 +37,8 @@ KNOWN_ERRORS = (
     ("spotlight.sim.traces", "TraceError"),
     ("spotlight.sim.prices", "PriceError"),
     ("spotlight.runtime.pools", "PoolError"),
+    ("spotlight.runtime.cores", "CoreError"),
+    ("spotlight.runtime.worker", "WorkerConfigError"),
     ("spotlight.runtime.reconfigure", "ReconfigureError"),
     ("spotlight.report.run_data", "ReportError"),
     ("spotlight.models.diffusers_adapter", "DiffusersLoadError"),
