@@ -45,6 +45,10 @@ class PoolError(RuntimeError):
 
 def _init_kwargs() -> dict[str, Any]:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # Ray starts worker processes at niceness 15, so a spot device (and the queue actor) lost its core
+    # to any background job: measured 9.6 ms per sample-step against 3.3 ms in-process. A device is a
+    # device: the nodes this process starts run their workers at the caller's priority.
+    os.environ.setdefault("RAY_worker_niceness", "0")
     return {"include_dashboard": False, "logging_level": "ERROR", "log_to_driver": False}
 
 
