@@ -58,6 +58,7 @@ from spotlight.pipeline import (
 )
 from spotlight.policy import generate
 from spotlight.rewards.base import Reward
+from spotlight.runtime.attached import AttachedSpotNodes
 from spotlight.runtime.cost_meter import DeviceLedger, default_prices
 from spotlight.runtime.device import ComputeClock
 from spotlight.runtime.elastic_sp import ElasticSP, ElasticSPSettings, LocalSpotNodes
@@ -66,7 +67,7 @@ from spotlight.runtime.pools import CallResult, LocalCluster, PoolError, SpotPoo
 from spotlight.runtime.preemption import TraceReplay
 from spotlight.runtime.queue import Request, start_queue_actor
 from spotlight.runtime.settings import RUNTIME_MODES
-from spotlight.runtime.watchers import AttachedSpotNodes, WatchSettings
+from spotlight.runtime.watchers import WatchSettings
 from spotlight.runtime.worker import WorkerSettings, model_weights
 from spotlight.sim.traces import TraceError, find_trace, load_trace
 

@@ -188,6 +188,7 @@ class SpotPool:
     epoch0: float
     core_of: Callable[[int], int | None] | None = None  # spot device k's core (None: unpinned); cores.py
     _devices: dict[str, _DeviceSlot] = field(default_factory=dict)
+    lost_nodes: set[str] = field(default_factory=set)  # nodes whose devices died without a notice (reported once)
     _weights: tuple[int, Any] | None = None
     _started: int = 0
 
@@ -314,8 +315,10 @@ class SpotPool:
         node or process that died without a notice: one line for the person, Ray's dump stays in the log.
         """
         lost = [CallResult(slot.device_id, slot.phase, None)] if slot.state == "busy" else []
-        logger.warning("spot device %s on node %s died without a preemption notice (%s)%s", slot.device_id, slot.node,
-                       type(error).__name__, f"; its {slot.phase} work is redone elsewhere" if lost else "")
+        if not slot.notified and slot.node not in self.lost_nodes:  # one line per unannounced node
+            self.lost_nodes.add(slot.node)
+            logger.warning("spot node %s died without a preemption notice (%s); its work is redone elsewhere",
+                           slot.node, type(error).__name__)
         self.ledger.release(slot.device_id, self.clock())
         self.events.write(self.clock(), "device_lost", node=slot.node, device=slot.device_id,
                           error=type(error).__name__)

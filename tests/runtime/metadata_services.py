@@ -7,8 +7,10 @@ header or token are refused.
 from __future__ import annotations
 
 import json
+import math
 import threading
 from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from spotlight.runtime.preemption import AwsSpotPoller, AzureScheduledEventsPoller, GcpPreemptionPoller
@@ -128,3 +130,8 @@ class AzureScheduledEvents:
         if request.path != AzureScheduledEventsPoller.PATH:
             return 400, json.dumps({"error": "Bad request. api-version was not specified"})
         return 200, json.dumps({"DocumentIncarnation": len(self.events), "Events": self.events})
+
+
+def iso(epoch: float) -> str:
+    """AWS's instance-action time format (whole seconds, rounded up so that no grace is lost)."""
+    return datetime.fromtimestamp(math.ceil(epoch), tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

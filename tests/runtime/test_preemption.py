@@ -14,7 +14,7 @@ from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler
 
 import pytest
-from metadata_services import AwsImds, AzureScheduledEvents, FakeMetadata, GcpMetadata
+from metadata_services import AwsImds, AzureScheduledEvents, FakeMetadata, GcpMetadata, iso
 
 from spotlight.runtime.preemption import (
     AwsSpotPoller,
@@ -115,10 +115,6 @@ def serve() -> Iterator[Serve]:
     yield start
     for server in servers:
         server.close()
-
-
-def iso(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def test_aws_poller_reports_an_instance_action_once_with_its_deadline(serve: Serve) -> None:
