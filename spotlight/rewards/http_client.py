@@ -8,16 +8,14 @@ reward costs those samples, not the run; nothing is dropped without a mark.
 
 from __future__ import annotations
 
-import http.client
 import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from spotlight.http_fetch import FetchError, fetch
 from spotlight.rewards.base import RewardOutput
 from spotlight.rewards.wire import WireError, decode_output, encode_request
 
@@ -33,12 +31,15 @@ class RequestFailed(RuntimeError):
 class HTTPReward:
     """A Reward served by `spotlight serve-reward` at `url` (e.g. http://127.0.0.1:8765).
 
-    timeout_s bounds each attempt; retries is the number of attempts after the first; concurrency is
-    the number of requests in flight at once (the server merges them into batches).
+    timeout_s bounds each attempt as a whole (connect, send, wait, read: a server that drips its answer
+    cannot stretch it); retries is the number of attempts after the first; concurrency is the number of
+    requests in flight at once (the server merges them into batches); an answer larger than
+    max_response_bytes is refused unread.
     """
 
     def __init__(self, url: str, name: str = "http", timeout_s: float = 60.0, retries: int = 2,
-                 backoff_s: float = 0.5, max_request_images: int = 64, concurrency: int = 4) -> None:
+                 backoff_s: float = 0.5, max_request_images: int = 64, concurrency: int = 4,
+                 max_response_bytes: int = 16 * 1024 * 1024) -> None:
         if timeout_s <= 0 or retries < 0 or max_request_images < 1 or concurrency < 1:
             raise ValueError("HTTPReward needs timeout_s > 0, retries >= 0, max_request_images >= 1 and "
                              f"concurrency >= 1 (got {timeout_s}, {retries}, {max_request_images}, {concurrency})")
@@ -49,22 +50,24 @@ class HTTPReward:
         self.backoff_s = backoff_s
         self.max_request_images = max_request_images
         self.concurrency = concurrency
+        self.max_response_bytes = max_response_bytes
 
     def _post(self, body: bytes, batch: int) -> RewardOutput:
         """One attempt; raises RequestFailed saying whether a retry may help."""
-        request = urllib.request.Request(f"{self.url}/score", data=body, headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                return decode_output(json.loads(response.read()), batch)
-        except urllib.error.HTTPError as error:
-            detail = error.read().decode(errors="replace")[:200]
-            raise RequestFailed(f"HTTP {error.code} from {self.url}: {detail}", retry=error.code >= 500) from None
-        except (TimeoutError, urllib.error.URLError, http.client.HTTPException, ConnectionError, OSError) as error:
-            reason = getattr(error, "reason", error)
+            response = fetch(f"{self.url}/score", method="POST", body=body,
+                             headers={"Content-Type": "application/json"}, deadline_s=self.timeout_s,
+                             max_body_bytes=self.max_response_bytes)
+        except FetchError as error:
             raise RequestFailed(f"reward server {self.url} unreachable or slower than {self.timeout_s:g} s "
-                                f"({type(reason).__name__}: {reason}); is `spotlight serve-reward` running there?",
-                                retry=True) from None
-        except (WireError, json.JSONDecodeError) as error:
+                                f"({error}); is `spotlight serve-reward` running there?", retry=True) from None
+        if response.status != 200:
+            detail = " ".join(response.body.decode(errors="replace").split())[:200]
+            raise RequestFailed(f"HTTP {response.status} from {self.url}: {detail}",
+                                retry=response.status >= 500 or response.status in (408, 429)) from None
+        try:
+            return decode_output(json.loads(response.body), batch)
+        except (WireError, ValueError) as error:
             raise RequestFailed(f"bad response from {self.url}: {error}", retry=False) from None
 
     def _score_request(self, images: torch.Tensor, prompts: list[str]) -> RewardOutput:

@@ -8,28 +8,38 @@ of the reward marks the samples it affects (through `guarded_score`), and is ans
 Endpoints: POST /score (body: `spotlight.rewards.wire`), GET /health. Bound to 127.0.0.1 unless told
 otherwise: the service runs arbitrary images through a model and has no authentication.
 
+It must stay up under clients that misbehave, so connections live on one asyncio event loop (a stalled
+connection costs a coroutine, not a thread) and every resource is bounded (`ServerLimits`): open
+connections (503 beyond), bytes of request bodies in flight (503), one body (413), the head (431),
+and the total time to read one request (408, then closed: a slowloris client cannot hold a slot). A
+malformed request gets a 4xx and the connection closes; images of the wrong size are answered as
+invalid samples with the reason, never scored. Asyncio streams (standard library) rather than a
+server package: the framing needed is small (`spotlight.rewards.http_io`) and adds no dependency.
+
 Fault injection (`FaultPlan`) makes a share of requests fail (HTTP 500) or answer late, so that the
 client's retries and timeouts can be tested against a real server.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import queue
 import random
+import socket
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import torch
 
 from spotlight.rewards.base import Reward, RewardError, RewardOutput, guarded_score
+from spotlight.rewards.http_io import HTTPProblem, content_length, encode_response, read_head
 from spotlight.rewards.wire import WireError, decode_request, encode_output
 
-MAX_BODY_BYTES = 256 * 1024 * 1024
+MAX_BODY_BYTES = 64 * 1024 * 1024  # 64 MiB: ~200k shapes images (32x32 RGB) in one request
 _STOP = object()  # tells the batcher thread to end
 
 
@@ -136,21 +146,64 @@ def _errors_for(out: RewardOutput, start: int, stop: int) -> list[str]:
     return lines
 
 
-class RewardServer(ThreadingHTTPServer):
-    """The HTTP server; `serve_forever()` runs it, `shutdown()` + `server_close()` stop it."""
+class RewardServerError(OSError):
+    """The server cannot start (its address is taken or not allowed); one line with the fix."""
 
-    daemon_threads = True
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one client, or many, may hold of the server; see the module docstring."""
+
+    max_connections: int = 1024
+    read_timeout_s: float = 10.0  # total, for the head and body of one request (and the wait for it)
+    write_timeout_s: float = 10.0
+    max_header_bytes: int = 64 * 1024
+    max_body_bytes: int = MAX_BODY_BYTES
+    max_inflight_bytes: int = 4 * MAX_BODY_BYTES
+    min_image_side: int = 8  # without an expected image_size, sides outside [min, max] are invalid samples
+    max_image_side: int = 1024
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number the wire format allows")
+
+
+class RewardServer:
+    """The HTTP server; `serve_forever()` runs it (blocking), `shutdown()` + `server_close()` stop it.
+
+    ``image_size`` (height, width) is the size the reward judges (the task's); other sizes are
+    answered as invalid samples. The socket is bound here, so a taken port fails at construction.
+    """
 
     def __init__(self, reward: Reward, host: str = "127.0.0.1", port: int = 8765, max_batch: int = 256,
-                 max_wait_s: float = 0.01, request_timeout_s: float = 300.0, faults: FaultPlan | None = None) -> None:
-        super().__init__((host, port), _Handler)
+                 max_wait_s: float = 0.01, request_timeout_s: float = 300.0, faults: FaultPlan | None = None,
+                 limits: ServerLimits | None = None, image_size: tuple[int, int] | None = None) -> None:
+        try:
+            self._socket = socket.create_server((host, port), backlog=1024)
+        except OSError as error:
+            raise RewardServerError(f"cannot listen on {host}:{port} ({error.strerror or error}): pick another "
+                                    "--port (0 takes any free one) or stop what holds it") from None
+        self.server_address = self._socket.getsockname()
         self.reward = reward
+        self.limits = limits or ServerLimits()
+        self.image_size = image_size
         self.batcher = Batcher(reward, max_batch, max_wait_s)
         self.request_timeout_s = request_timeout_s
         self.faults = faults or FaultPlan()
         self._fault_rng = random.Random(self.faults.seed)
         self._fault_lock = threading.Lock()
         self.faults_injected = {"fail": 0, "delay": 0}
+        self.counters = {"connections": 0, "refused_busy": 0, "timed_out": 0, "bad_requests": 0}
+        self.open_connections = 0
+        self.inflight_bytes = 0
+        self._decoder = ThreadPoolExecutor(max_workers=2, thread_name_prefix="reward-decode")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._state_lock = threading.Lock()  # orders serve_forever against a shutdown that comes first
+        self._shutdown_requested = False
+        self._running = False
+        self._serving = threading.Event()
+        self._stopped = threading.Event()
 
     @property
     def url(self) -> str:
@@ -170,57 +223,165 @@ class RewardServer(ThreadingHTTPServer):
                 self.faults_injected[fault] += 1
         return fault
 
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        """Serve until `shutdown()` (``poll_interval`` is accepted for http.server compatibility)."""
+        with self._state_lock:
+            if self._shutdown_requested:
+                return
+            self._running = True
+        self._loop = asyncio.new_event_loop()
+        try:
+            self._loop.run_until_complete(self._serve())
+        finally:
+            self._loop.close()
+            self._stopped.set()
+
+    def shutdown(self) -> None:
+        """Stop `serve_forever` (from another thread) and wait for it; one that starts later returns at once."""
+        with self._state_lock:
+            self._shutdown_requested = True
+            if not self._running:
+                return
+        while not (self._serving.wait(timeout=0.01) or self._stopped.is_set()):
+            pass
+        if self._serving.is_set() and self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._stopped.wait(timeout=10)
+
     def server_close(self) -> None:
         self.batcher.close()
-        super().server_close()
+        self._decoder.shutdown(wait=False)
+        self._socket.close()
 
-
-class _Handler(BaseHTTPRequestHandler):
-    server: RewardServer
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
-        pass  # one line per request would drown the trainer's console
-
-    def _send(self, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
+    async def _serve(self) -> None:
+        self._stop = asyncio.Event()
+        server = await asyncio.start_server(self._connection, sock=self._socket, limit=self.limits.max_header_bytes)
+        self._serving.set()
         try:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the client gave up (its timeout); it retries or marks the samples itself
+            await self._stop.wait()
+        finally:
+            server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-        if self.path != "/health":
-            self._send(404, {"error": f"no endpoint {self.path}; use POST /score or GET /health"})
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.counters["connections"] += 1
+        if self.open_connections >= self.limits.max_connections:
+            self.counters["refused_busy"] += 1
+            await self._answer(writer, 503, {"error": f"server busy ({self.open_connections} connections); retry"})
             return
-        self._send(200, {"status": "ok", "reward": self.server.reward.name})
-
-    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-        if self.path != "/score":
-            self._send(404, {"error": f"no endpoint {self.path}; use POST /score or GET /health"})
-            return
-        length = int(self.headers.get("Content-Length") or 0)
-        if not 0 < length <= MAX_BODY_BYTES:
-            self._send(413 if length else 411, {"error": f"body of {length} bytes; send 1 to {MAX_BODY_BYTES}"})
-            return
+        self.open_connections += 1
         try:
-            images, prompts = decode_request(json.loads(self.rfile.read(length)))
-        except (WireError, json.JSONDecodeError, UnicodeDecodeError) as error:
-            self._send(400, {"error": str(error)})
-            return
-        fault = self.server.draw_fault()
+            keep_alive = True
+            while keep_alive:
+                deadline = asyncio.get_running_loop().time() + self.limits.read_timeout_s
+                try:
+                    head = await asyncio.wait_for(read_head(reader), self.limits.read_timeout_s)
+                    if head is None:
+                        return
+                    method, path, headers, keep_alive = head
+                    status, body = await self._request(reader, method, path, headers, deadline)
+                except TimeoutError:
+                    self.counters["timed_out"] += 1
+                    await self._answer(writer, 408, {"error": "request not received in full within "
+                                                              f"{self.limits.read_timeout_s:g} s"})
+                    return
+                except HTTPProblem as problem:
+                    self.counters["bad_requests"] += 1
+                    await self._answer(writer, problem.status, {"error": str(problem)})
+                    return
+                if not await self._answer(writer, status, body, keep_alive):
+                    return
+        finally:
+            self.open_connections -= 1
+            writer.close()
+
+    async def _answer(self, writer: asyncio.StreamWriter, status: int, body: dict[str, Any],
+                      keep_alive: bool = False) -> bool:
+        """Write a response within write_timeout_s; False if the client is gone or not reading."""
+        try:
+            writer.write(encode_response(status, body, keep_alive))
+            await asyncio.wait_for(writer.drain(), self.limits.write_timeout_s)
+            return True
+        except (TimeoutError, ConnectionError):
+            return False
+        finally:
+            if not keep_alive:
+                writer.close()
+
+    async def _request(self, reader: asyncio.StreamReader, method: str, path: str, headers: dict[str, str],
+                       deadline: float) -> tuple[int, dict[str, Any]]:
+        """The answer to one request whose head was read; its body must arrive by ``deadline`` (loop time)."""
+        if path == "/health" and method == "GET":
+            return 200, {"status": "ok", "reward": self.reward.name}
+        if path not in ("/health", "/score"):
+            raise HTTPProblem(404, f"no endpoint {path[:80]}; use POST /score or GET /health")
+        if method != "POST" or path != "/score":
+            raise HTTPProblem(405, f"{method[:10]} {path} is not served; use POST /score or GET /health")
+        length = content_length(headers, self.limits.max_body_bytes)
+        if self.inflight_bytes + length > self.limits.max_inflight_bytes:
+            self.counters["refused_busy"] += 1
+            return 503, {"error": f"server busy ({self.inflight_bytes} body bytes in flight); retry"}
+        self.inflight_bytes += length
+        try:
+            try:  # head and body share one deadline: dripping the body buys no time either
+                remaining = max(0.0, deadline - asyncio.get_running_loop().time())
+                raw = await asyncio.wait_for(reader.readexactly(length), remaining)
+            except asyncio.IncompleteReadError:
+                raise HTTPProblem(400, f"the body ended after fewer than {length} bytes") from None
+            return await self._score(raw)
+        finally:
+            self.inflight_bytes -= length
+
+    async def _score(self, raw: bytes) -> tuple[int, dict[str, Any]]:
+        loop = asyncio.get_running_loop()
+        try:
+            images, prompts = await loop.run_in_executor(self._decoder, _decode, raw)
+        except WireError as error:
+            raise HTTPProblem(400, str(error)) from None
+        fault = self.draw_fault()
         if fault == "fail":
-            self._send(500, {"error": "injected failure (FaultPlan)"})
-            return
+            return 500, {"error": "injected failure (FaultPlan)"}
         if fault == "delay":
-            time.sleep(self.server.faults.delay_s)
+            await asyncio.sleep(self.faults.delay_s)
+        wrong_size = self._size_problem(tuple(images.shape[2:]))
+        if wrong_size is not None:
+            batch = len(prompts)
+            errors = [f"sample {i} ({prompt!r}): {wrong_size}" for i, prompt in enumerate(prompts)]
+            out = RewardOutput(torch.zeros(batch), torch.zeros(batch, dtype=torch.bool),
+                               torch.zeros(batch, dtype=torch.bool), errors)
+            return 200, {"reward": self.reward.name, **encode_output(out)}
         try:
-            out = self.server.batcher.submit(images, prompts).result(timeout=self.server.request_timeout_s)
+            future = asyncio.wrap_future(self.batcher.submit(images, prompts))
+            out = await asyncio.wait_for(future, self.request_timeout_s)
         except Exception as error:  # the batch could not be scored at all: the client marks the samples
-            self._send(500, {"error": f"{type(error).__name__}: {error}"})
-            return
-        self._send(200, {"reward": self.server.reward.name, **encode_output(out)})
+            return 500, {"error": f"{type(error).__name__}: {error}"}
+        return 200, {"reward": self.reward.name, **encode_output(out)}
+
+    def _size_problem(self, size: tuple[int, ...]) -> str | None:
+        """Why images of (height, width) ``size`` cannot be judged, or None."""
+        height, width = size
+        if self.image_size is not None:
+            if (height, width) != tuple(self.image_size):
+                return (f"image {height}x{width}, the {self.reward.name} reward judges "
+                        f"{self.image_size[0]}x{self.image_size[1]} images; send the task's size")
+            return None
+        low, high = self.limits.min_image_side, self.limits.max_image_side
+        if not (low <= height <= high and low <= width <= high):
+            return f"image {height}x{width}: sides must be {low} to {high} pixels"
+        return None
+
+
+def _decode(raw: bytes) -> tuple[torch.Tensor, list[str]]:
+    """A request body's images and prompts; WireError for anything malformed (JSON, nesting, numbers)."""
+    try:
+        body = json.loads(raw, parse_constant=_reject_constant)
+    except RecursionError:
+        raise WireError("the request body is nested too deeply; send the flat wire format") from None
+    except (ValueError, UnicodeDecodeError) as error:
+        raise WireError(f"the request body is not JSON ({' '.join(str(error).split())[:120]})") from None
+    if not isinstance(body, dict):
+        raise WireError("the request body must be a JSON object {'shape', 'pixels', 'prompts'}")
+    return decode_request(body)

@@ -7,6 +7,7 @@ than float32 and exact to 1/255 against the trainer's own scoring.
 from __future__ import annotations
 
 import base64
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,13 +31,18 @@ def encode_request(images: torch.Tensor, prompts: Sequence[str]) -> dict[str, An
 def decode_request(body: dict[str, Any]) -> tuple[torch.Tensor, list[str]]:
     """The images float32 (B, 3, H, W) in [0, 1] and prompts of a request body; WireError when malformed."""
     try:
-        shape = [int(size) for size in body["shape"]]
-        prompts = [str(prompt) for prompt in body["prompts"]]
+        shape = body["shape"]
+        if not isinstance(shape, list) or not all(type(size) is int and size > 0 for size in shape):
+            raise ValueError(f"shape {str(shape)[:80]} must be a list of positive integers")
+        prompts = body["prompts"]
+        if not isinstance(prompts, list) or not all(isinstance(prompt, str) for prompt in prompts):
+            raise TypeError("prompts must be a list of strings")
         pixels = np.frombuffer(base64.b64decode(body["pixels"], validate=True), dtype=np.uint8)
     except (KeyError, TypeError, ValueError) as error:
-        raise WireError(f"malformed reward request ({type(error).__name__}: {error}); "
+        raise WireError(f"malformed reward request ({type(error).__name__}: {' '.join(str(error).split())[:160]}); "
                         "send {'shape': [B, 3, H, W], 'pixels': base64 uint8, 'prompts': [...]}") from None
-    if len(shape) != 4 or shape[1] != 3 or int(np.prod(shape)) != pixels.size or shape[0] != len(prompts):
+    # math.prod on Python ints: a numpy product of huge sizes wraps around and could match by accident
+    if len(shape) != 4 or shape[1] != 3 or math.prod(shape) != pixels.size or shape[0] != len(prompts):
         raise WireError(f"reward request shape {shape} does not match {pixels.size} pixels and {len(prompts)} "
                         "prompts; send images (B, 3, H, W) and B prompts")
     images = torch.from_numpy(pixels.reshape(shape).astype(np.float32) / 255.0)

@@ -1,0 +1,192 @@
+"""The reward server under hostile clients: real sockets on 127.0.0.1, every probe bounded in time."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+import torch
+from drip_server import dripping_server
+from typer.testing import CliRunner
+
+from spotlight.cli import app
+from spotlight.http_fetch import fetch
+from spotlight.rewards.geneval import GenEvalReward
+from spotlight.rewards.http_client import HTTPReward
+from spotlight.rewards.server import RewardServer, RewardServerError, ServerLimits
+from spotlight.tasks.render import render_batch
+from spotlight.tasks.shapes import train_val_split
+
+
+@contextmanager
+def running(limits: ServerLimits) -> Iterator[RewardServer]:
+    reward_server = RewardServer(GenEvalReward(), port=0, limits=limits, image_size=(32, 32))
+    thread = threading.Thread(target=reward_server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield reward_server
+    finally:
+        reward_server.shutdown()
+        reward_server.server_close()
+        thread.join(timeout=10)
+
+
+@pytest.fixture
+def server() -> Iterator[RewardServer]:
+    with running(ServerLimits(read_timeout_s=1.0, max_body_bytes=32 * 1024 * 1024)) as reward_server:
+        yield reward_server
+
+
+def exchange(server: RewardServer, raw: bytes, timeout_s: float = 5.0) -> bytes:
+    """Send ``raw`` on a fresh connection and return everything the server answers before closing."""
+    with socket.create_connection(server.server_address[:2], timeout=timeout_s) as conn:
+        conn.sendall(raw)
+        chunks = []
+        while chunk := conn.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def post(body: bytes, length: str | None = None) -> bytes:
+    return (f"POST /score HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body) if length is None else length}\r\n\r\n"
+            .encode() + body)
+
+
+def score_body(shape: list, pixels: bytes = b"", prompts: list | None = None) -> bytes:
+    return json.dumps({"shape": shape, "pixels": base64.b64encode(pixels).decode(),
+                       "prompts": prompts if prompts is not None else ["a red circle"]}).encode()
+
+
+def timed_health(server: RewardServer) -> float:
+    started = time.monotonic()
+    response = fetch(f"{server.url}/health", deadline_s=5.0, max_body_bytes=1000)
+    assert response.status == 200
+    return time.monotonic() - started
+
+
+@pytest.mark.parametrize("raw,status", [
+    (post(b"{}", length="abc"), 400),
+    (post(b"{}", length="-5"), 400),
+    (post(b"", length=str(10**12)), 413),
+    (b"POST /score HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 411),
+    (post(b"not json"), 400),
+    (post(b"[" * 100_000 + b"]" * 100_000), 400),  # deep nesting: a RecursionError in a naive parser
+    (post(score_body([1, 3, "Infinity", 4])), 400),
+    (post(b'{"shape": [1, 3, Infinity, 4], "pixels": "", "prompts": ["a"]}'), 400),
+    (post(score_body([-1, 3, -4, 4], bytes(48))), 400),  # negative sizes whose product matches the pixels
+    (post(score_body([2**62, 3, 2**62, 4])), 400),
+    (b"GARBAGE\r\n\r\n", 400),
+    (b"GET /nowhere HTTP/1.1\r\n\r\n", 404),
+])
+def test_malformed_requests_get_a_4xx_not_a_dropped_connection(server: RewardServer, raw: bytes, status: int) -> None:
+    answer = exchange(server, raw)
+    assert answer.startswith(f"HTTP/1.1 {status} ".encode()), answer[:200]
+    assert b'"error"' in answer
+    assert timed_health(server) < 1.0  # and the server is still there
+
+
+@pytest.mark.parametrize("height,width", [(1, 1), (5, 7), (2048, 2048), (32, 128)])
+def test_images_of_the_wrong_size_are_invalid_samples_with_the_reason(server: RewardServer, height: int,
+                                                                      width: int) -> None:
+    batch = 1 if height > 1000 else 2  # one 2048x2048 image is 17 MB on the wire, under the body cap
+    out = HTTPReward(server.url, timeout_s=10, retries=0).score(torch.rand(batch, 3, height, width), ["a", "b"][:batch])
+    assert not out.valid.any()
+    assert len(out.errors) == batch
+    assert all(f"image {height}x{width}" in line and "32x32" in line for line in out.errors)
+
+
+def test_a_slowloris_client_is_cut_off_at_the_read_deadline(server: RewardServer) -> None:
+    head = b"POST /score HTTP/1.1\r\nHost: x\r\nX-Padding: " + b"a" * 200
+    with socket.create_connection(server.server_address[:2], timeout=5) as conn:
+        started = time.monotonic()
+        answer = b""
+        try:
+            for byte in head:  # one byte every 50 ms: no single read ever waits long
+                conn.sendall(bytes([byte]))
+                time.sleep(0.05)
+                if time.monotonic() - started > 3.0:
+                    break
+        except OSError:  # the server closed the connection
+            pass
+        conn.settimeout(2.0)
+        try:
+            answer = conn.recv(65536)
+        except OSError:
+            pass
+        elapsed = time.monotonic() - started
+    assert answer.startswith(b"HTTP/1.1 408 ") or answer == b""
+    assert elapsed < 2.5 and server.counters["timed_out"] >= 1
+
+
+def test_a_thousand_stalled_connections_leave_health_and_scoring_answering() -> None:
+    with running(ServerLimits(read_timeout_s=4.0)) as server:
+        stalled_connections_probe(server)
+
+
+def stalled_connections_probe(server: RewardServer) -> None:
+    stalled = []
+    try:
+        for index in range(1000):  # half send nothing, half a partial request that never completes
+            conn = socket.create_connection(server.server_address[:2], timeout=5)
+            if index % 2:
+                conn.sendall(post(b"{", length="100000")[:-1])
+            stalled.append(conn)
+        deadline = time.monotonic() + 5
+        while server.open_connections < 900 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server.open_connections >= 900  # they really are held open by the server
+        assert timed_health(server) < 1.0
+        validation = train_val_split()[1][:4]
+        images = ((render_batch(validation, seed=3) + 1) / 2 * 255).round() / 255
+        started = time.monotonic()
+        out = HTTPReward(server.url, timeout_s=5, retries=0).score(images, validation)
+        assert time.monotonic() - started < 1.0 and out.valid.all()
+        deadline = time.monotonic() + 8  # the read deadline (4 s) frees every stalled slot
+        while server.open_connections > 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.open_connections == 0
+    finally:
+        for conn in stalled:
+            conn.close()
+
+
+def test_connections_beyond_the_limit_get_503_at_once() -> None:
+    with running(ServerLimits(max_connections=4, read_timeout_s=5)) as reward_server:
+        held = [socket.create_connection(reward_server.server_address[:2], timeout=5) for _ in range(4)]
+        try:
+            deadline = time.monotonic() + 5
+            while reward_server.open_connections < 4 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            started = time.monotonic()
+            response = fetch(f"{reward_server.url}/health", deadline_s=3, max_body_bytes=1000)
+            assert response.status == 503 and b"busy" in response.body
+            assert time.monotonic() - started < 1.0
+        finally:
+            for conn in held:
+                conn.close()
+
+
+def test_a_port_in_use_is_one_line_with_the_fix() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        with pytest.raises(RewardServerError, match=f"cannot listen on 127.0.0.1:{port}.*another --port") as error:
+            RewardServer(GenEvalReward(), port=port)
+        assert "\n" not in str(error.value)
+        result = CliRunner().invoke(app, ["serve-reward", "--task", "shapes", "--port", str(port)])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and "Traceback" not in result.output, result.output
+
+
+def test_the_client_returns_within_its_deadline_from_a_dripping_server() -> None:
+    with dripping_server(interval_s=0.2) as url:
+        started = time.monotonic()
+        out = HTTPReward(url, timeout_s=1.0, retries=1, backoff_s=0.01).score(torch.rand(2, 3, 32, 32), ["a", "b"])
+        elapsed = time.monotonic() - started
+    assert not out.valid.any() and all("within 1 s" in line for line in out.errors)
+    assert elapsed < 3.0  # two attempts of 1 s each, not a wait as long as the server drips
