@@ -66,13 +66,13 @@ def fetch(url: str, *, method: str = "GET", body: bytes | None = None, headers: 
         if len(data) > max_body_bytes:
             raise FetchError(f"{url} answered more than the {max_body_bytes} bytes allowed")
         if expired.is_set():
-            raise FetchError(f"{url} gave no complete answer within {deadline_s:g} s")
+            raise FetchError(f"{url} timed out: no complete answer within {deadline_s:g} s")
         return Response(response.status, data)
     except (OSError, http.client.HTTPException) as error:
         if isinstance(error, FetchError):
             raise
         if expired.is_set() or time.monotonic() - started >= deadline_s:
-            raise FetchError(f"{url} gave no complete answer within {deadline_s:g} s") from None
+            raise FetchError(f"{url} timed out: no complete answer within {deadline_s:g} s") from None
         raise FetchError(f"{url} unreachable ({type(error).__name__}: {' '.join(str(error).split())[:160]})") from None
     finally:
         watchdog.cancel()

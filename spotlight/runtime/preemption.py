@@ -20,14 +20,13 @@ import json
 import logging
 import socket
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 from typing import Protocol
 
+from spotlight.http_fetch import FetchError, fetch
 from spotlight.sim.traces import Availability
 
 __all__ = [
@@ -149,8 +148,12 @@ class TraceReplay:
         return self._next_removal == len(self._removals) and self._next_return == len(self._returns)
 
 
+MAX_METADATA_BYTES = 64 * 1024  # the services answer a few hundred bytes; more is not a metadata service
+
+
 class _MetadataPoller:
-    """HTTP plumbing shared by the cloud pollers: short timeouts, errors become warnings."""
+    """HTTP plumbing shared by the cloud pollers: a total deadline per request (an endpoint that drips its
+    answer cannot hold the poll), a capped answer, errors as warnings once per streak."""
 
     source = "metadata"
 
@@ -166,17 +169,13 @@ class _MetadataPoller:
         self, path: str, headers: Mapping[str, str], method: str = "GET"
     ) -> tuple[int, str] | None:
         """Returns (HTTP status, body), or None (after a warning) if the service could not be read."""
-        request = urllib.request.Request(self.base_url + path, headers=dict(headers), method=method)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                status, body = response.status, response.read().decode("utf-8", "replace")
-        except urllib.error.HTTPError as error:
-            status, body = error.code, error.read().decode("utf-8", "replace")
-        except (OSError, ValueError) as error:  # URLError, timeouts, refused, reset, bad URL
-            self._warn(f"cannot reach {self.base_url + path} ({type(error).__name__}: {error})")
+            response = fetch(self.base_url + path, method=method, headers=dict(headers), deadline_s=self.timeout_s,
+                             max_body_bytes=MAX_METADATA_BYTES)
+        except FetchError as error:  # refused, reset, past the deadline, too large, bad URL
+            self._warn(f"cannot read {self.base_url + path} ({error})")
             return None
-        self._failing = False
-        return status, body
+        return response.status, response.body.decode("utf-8", "replace")
 
     def _warn(self, message: str) -> None:
         """Count the failure; log it once per run of failures so a dead endpoint does not flood the log."""
@@ -184,6 +183,14 @@ class _MetadataPoller:
         if not self._failing:
             logger.warning("%s preemption poller on %s: %s; treating as no notice", self.source, self.node_id, message)
         self._failing = True
+
+    def _healthy(self) -> None:
+        """A poll read a well-formed answer: the streak of failures, if any, has ended.
+
+        Only a well-formed answer ends it: a service answering HTTP 500 on every poll is one streak,
+        logged once, not a warning per poll.
+        """
+        self._failing = False
 
 
 class AwsSpotPoller(_MetadataPoller):
@@ -219,6 +226,7 @@ class AwsSpotPoller(_MetadataPoller):
             return []
         status, body = answer
         if status == 404:
+            self._healthy()
             return []
         if status != 200:
             self._warn(f"{self.ACTION_PATH} answered HTTP {status}")
@@ -230,6 +238,7 @@ class AwsSpotPoller(_MetadataPoller):
         except (ValueError, KeyError, TypeError) as error:
             self._warn(f"unreadable instance-action {body[:200]!r} ({error})")
             return []
+        self._healthy()
         if key == self._reported:
             return []
         self._reported = key
@@ -287,6 +296,7 @@ class GcpPreemptionPoller(_MetadataPoller):
         if status != 200 or flag not in ("TRUE", "FALSE"):
             self._warn(f"{self.PATH} answered HTTP {status} {body[:200]!r}")
             return []
+        self._healthy()
         was_preempted, self._preempted = self._preempted, flag == "TRUE"
         if self._preempted and not was_preempted:
             return [Notice(self.node_id, GCP_NOTICE_S, self.source)]
@@ -340,6 +350,7 @@ class AzureScheduledEventsPoller(_MetadataPoller):
         except (ValueError, KeyError, TypeError) as error:
             self._warn(f"unreadable scheduled events {body[:200]!r} ({error})")
             return []
+        self._healthy()
         self._reported.update(evictions)
         now = self._wall_clock()
         return [Notice(self.node_id, max(0.0, starts_at - now), self.source) for starts_at in evictions.values()]
