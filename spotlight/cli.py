@@ -71,6 +71,7 @@ def _options(ctx: typer.Context, debug: Annotated[bool, typer.Option(
     """Spotlight: Flow-GRPO post-training of DiTs."""
     ctx.obj = CommandState(debug=debug)
 
+
 ConfigOption = Annotated[Path | None, typer.Option("--config", "-c", help="YAML config; defaults run as they are.")]
 ResumeOption = Annotated[bool, typer.Option("--resume", help="Continue the run in run_dir from its last checkpoint.")]
 SetOption = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a field: section.field=value.")]
