@@ -24,6 +24,7 @@ from __future__ import annotations
 import datetime
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -59,6 +60,19 @@ class GroupBroken(AgentError):
     def __init__(self, group: str, lost: Sequence[int], detail: str) -> None:
         super().__init__(f"SP group {group} broke (lost devices {list(lost)}): {detail}")
         self.group, self.lost = group, list(lost)
+
+
+def listening_store(host: str, timeout_s: float) -> dist.TCPStore:
+    """A master TCPStore that listens on ``host`` only (127.0.0.1 for a single machine).
+
+    ``dist.TCPStore(host, 0, is_master=True)`` listens on every interface whatever ``host`` says, and
+    anyone who reaches the store can steer the gloo groups of the node; so the listening socket is
+    bound here and handed over (``master_listen_fd``).
+    """
+    listener = socket.create_server((host, 0))
+    port = listener.getsockname()[1]
+    return dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=timeout_s), master_listen_fd=listener.detach())
 
 
 @dataclass
@@ -129,8 +143,7 @@ class NodeAgent:
         device_id(node_id, 0)  # refuses a node name the planner could not parse
         self.node_id, self.host, self.num_threads = node_id, host, num_threads
         self.copy_weights, self.collective_timeout_s = copy_weights, collective_timeout_s
-        self.store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False,
-                                   timeout=datetime.timedelta(seconds=collective_timeout_s))
+        self.store = listening_store(host, collective_timeout_s)
         self._context = mp.get_context("spawn")
         self._devices: dict[int, _Device] = {}
         self._groups: dict[str, SPGroup] = {}
