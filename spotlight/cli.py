@@ -303,7 +303,9 @@ def serve_reward(
     from spotlight.tasks.registry import get_task
 
     try:
-        server = RewardServer(get_task(task).make_reward(0.0), host, port, max_batch, max_wait_ms / 1000)
+        served = get_task(task)  # images of another size are answered as invalid samples, never scored
+        server = RewardServer(served.make_reward(0.0), host, port, max_batch, max_wait_ms / 1000,
+                              image_size=served.image_size)
     except (ValueError, OSError) as error:
         _fail(RuntimeError(f"cannot serve on {host}:{port} ({error}); pick another --port or a known --task"))
     console.print(f"serving the {task} reward at {server.url} (Ctrl-C stops)")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -190,3 +192,25 @@ def test_the_client_returns_within_its_deadline_from_a_dripping_server() -> None
         elapsed = time.monotonic() - started
     assert not out.valid.any() and all("within 1 s" in line for line in out.errors)
     assert elapsed < 3.0  # two attempts of 1 s each, not a wait as long as the server drips
+
+
+def test_serve_reward_judges_only_its_tasks_image_size() -> None:
+    # The command's server (a real process) answers a 5x7 image as an invalid sample naming the task's size.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "spotlight", "serve-reward", "--task", "shapes", "--port", str(port)]
+    served = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if fetch(f"http://127.0.0.1:{port}/health", deadline_s=1, max_body_bytes=1000).status == 200:
+                    break
+            except OSError:
+                time.sleep(0.2)
+        out = HTTPReward(f"http://127.0.0.1:{port}", timeout_s=10, retries=0).score(torch.rand(1, 3, 5, 7), ["a"])
+        assert not out.valid.any() and "judges 32x32 images" in out.errors[0]
+    finally:
+        served.terminate()
+        served.wait(timeout=10)
