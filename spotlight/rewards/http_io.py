@@ -23,15 +23,14 @@ class HTTPProblem(Exception):
         self.status = status
 
 
-async def read_head(reader: asyncio.StreamReader) -> tuple[str, str, dict[str, str], bool] | None:
-    """Request line and headers; None on a clean end of stream before a request (keep-alive closed).
-
-    The reader's ``limit`` caps the head: a longer one is a 431.
+async def read_head(reader: asyncio.StreamReader, first: bytes = b"") -> tuple[str, str, dict[str, str], bool] | None:
+    """Request line and headers (``first``: bytes of it already read); None on a clean end of stream
+    before a request (keep-alive closed). The reader's ``limit`` caps the head: a longer one is a 431.
     """
     try:
-        head = await reader.readuntil(b"\r\n\r\n")
+        head = first + await reader.readuntil(b"\r\n\r\n")
     except asyncio.IncompleteReadError as error:
-        if not error.partial.strip():
+        if not (first + error.partial).strip():
             return None
         raise HTTPProblem(400, "the request ended inside its headers") from None
     except asyncio.LimitOverrunError:

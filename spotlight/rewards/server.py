@@ -155,7 +155,8 @@ class ServerLimits:
     """What one client, or many, may hold of the server; see the module docstring."""
 
     max_connections: int = 1024
-    read_timeout_s: float = 10.0  # total, for the head and body of one request (and the wait for it)
+    idle_timeout_s: float = 10.0  # a connection with no request under way is closed (silently) after this
+    read_timeout_s: float = 10.0  # total, for the head and body of one request, from its first byte
     write_timeout_s: float = 10.0
     max_header_bytes: int = 64 * 1024
     max_body_bytes: int = MAX_BODY_BYTES
@@ -197,6 +198,7 @@ class RewardServer:
         self.open_connections = 0
         self.inflight_bytes = 0
         self._decoder = ThreadPoolExecutor(max_workers=2, thread_name_prefix="reward-decode")
+        self._writers: set[asyncio.StreamWriter] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._state_lock = threading.Lock()  # orders serve_forever against a shutdown that comes first
@@ -261,10 +263,13 @@ class RewardServer:
             await self._stop.wait()
         finally:
             server.close()
+            for writer in list(self._writers):  # each handler sees the end of its stream and returns
+                writer.close()
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in tasks:
+            _, pending = await asyncio.wait(tasks, timeout=2.0) if tasks else (set(), set())
+            for task in pending:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*pending, return_exceptions=True)
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.counters["connections"] += 1
@@ -273,12 +278,19 @@ class RewardServer:
             await self._answer(writer, 503, {"error": f"server busy ({self.open_connections} connections); retry"})
             return
         self.open_connections += 1
+        self._writers.add(writer)
         try:
             keep_alive = True
             while keep_alive:
+                try:  # idle until a request's first byte: closed without an answer a client could misread
+                    first = await asyncio.wait_for(reader.read(1), self.limits.idle_timeout_s)
+                except (TimeoutError, ConnectionError):
+                    return
+                if not first:
+                    return
                 deadline = asyncio.get_running_loop().time() + self.limits.read_timeout_s
                 try:
-                    head = await asyncio.wait_for(read_head(reader), self.limits.read_timeout_s)
+                    head = await asyncio.wait_for(read_head(reader, first), self.limits.read_timeout_s)
                     if head is None:
                         return
                     method, path, headers, keep_alive = head
@@ -296,6 +308,7 @@ class RewardServer:
                     return
         finally:
             self.open_connections -= 1
+            self._writers.discard(writer)
             writer.close()
 
     async def _answer(self, writer: asyncio.StreamWriter, status: int, body: dict[str, Any],

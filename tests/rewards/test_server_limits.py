@@ -41,7 +41,8 @@ def running(limits: ServerLimits) -> Iterator[RewardServer]:
 
 @pytest.fixture
 def server() -> Iterator[RewardServer]:
-    with running(ServerLimits(read_timeout_s=1.0, max_body_bytes=32 * 1024 * 1024)) as reward_server:
+    limits = ServerLimits(idle_timeout_s=1.0, read_timeout_s=1.0, max_body_bytes=32 * 1024 * 1024)
+    with running(limits) as reward_server:
         yield reward_server
 
 
@@ -127,8 +128,16 @@ def test_a_slowloris_client_is_cut_off_at_the_read_deadline(server: RewardServer
 
 
 def test_a_thousand_stalled_connections_leave_health_and_scoring_answering() -> None:
-    with running(ServerLimits(read_timeout_s=4.0)) as server:
+    with running(ServerLimits(idle_timeout_s=4.0, read_timeout_s=4.0)) as server:
         stalled_connections_probe(server)
+
+
+def test_an_idle_connection_is_closed_without_an_answer() -> None:
+    with running(ServerLimits(idle_timeout_s=0.5)) as server, \
+            socket.create_connection(server.server_address[:2], timeout=5) as conn:
+        started = time.monotonic()
+        assert conn.recv(100) == b""  # closed, and no 408 that a keep-alive client could take for its answer
+        assert 0.4 < time.monotonic() - started < 2.0
 
 
 def stalled_connections_probe(server: RewardServer) -> None:
