@@ -20,13 +20,9 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import secrets
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import ray
@@ -47,30 +43,8 @@ class PoolError(RuntimeError):
     """The cluster cannot host the pools; the message names the cause and the fix."""
 
 
-def _use_token_auth() -> None:
-    """Turn on Ray's token authentication for the local cluster this process starts.
-
-    Ray 2.60's processes listen on every interface (it has no loopback-only setting), and whoever can
-    call them runs code; with a token, only holders of the token can. Each driver process makes a
-    fresh token in a file only its user can read; the node processes it starts inherit the path.
-    A token the person already configured (RAY_AUTH_MODE=token with RAY_AUTH_TOKEN[_PATH]) is kept.
-    """
-    if os.environ.get("RAY_AUTH_MODE", "").lower() == "token" and (
-            os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")):
-        return
-    token_dir = tempfile.mkdtemp(prefix="spotlight-ray-auth-")
-    atexit.register(shutil.rmtree, token_dir, True)
-    token_path = Path(token_dir) / "token"
-    token_path.touch(mode=0o600)
-    token_path.write_text(secrets.token_hex(32))
-    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_path))
-    os.environ.pop("RAY_AUTH_TOKEN", None)
-    from ray._raylet import Config
-
-    Config.initialize("")  # Ray reads the mode once per process; what Ray's own opt-in does to refresh it
-
-
 def _init_kwargs() -> dict[str, Any]:
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     # Ray starts worker processes at niceness 15, so a spot device (and the queue actor) lost its core
     # to any background job: measured 9.6 ms per sample-step against 3.3 ms in-process. A device is a
     # device: the nodes this process starts run their workers at the caller's priority.
@@ -85,7 +59,6 @@ class LocalCluster:
                  system_config: dict[str, Any] | None = None) -> None:
         from ray.cluster_utils import Cluster
 
-        _use_token_auth()
         kwargs = _init_kwargs()  # system_config: Ray's cluster-wide settings (e.g. a tolerant health check)
         self._object_store = object_store_mb * 1024 * 1024
         self._node_timeout_s = node_timeout_s
