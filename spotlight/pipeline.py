@@ -45,7 +45,7 @@ from spotlight.rl.checkpoint import (
     latest_checkpoint,
     load_model,
     load_training_state,
-    save_model,
+    replace_model,
     save_training_checkpoint,
 )
 from spotlight.rl.grpo import RolloutBatch, grpo_update
@@ -274,8 +274,8 @@ class Trainer:
             metrics.update(raw.metrics(prefix="val_raw"))
         if metrics["val/strict_accuracy"] > self.best_accuracy:
             self.best_accuracy = metrics["val/strict_accuracy"]
-            save_model(self.run_dir / "checkpoints" / "best", self.eval_model,
-                       {"iteration": iteration, "val/strict_accuracy": self.best_accuracy})
+            replace_model(self.run_dir / "checkpoints" / "best", self.eval_model,
+                          {"iteration": iteration, "val/strict_accuracy": self.best_accuracy})
         return metrics
 
     def explore_plan(self, num_prompts: int) -> tuple[ExplorePlan | None, dict[str, float]]:

@@ -56,6 +56,27 @@ def save_model(
     (directory / MODEL_CONFIG_FILE).write_text(json.dumps(description, indent=2))
 
 
+def replace_model(directory: Path, model: TinyDiT, metadata: dict[str, Any] | None = None) -> None:
+    """`save_model` into ``directory`` by renames, so a crash leaves the old or the new model, never a mix.
+
+    For a directory rewritten during a run (``checkpoints/best``): the new copy is written beside
+    it, the old one moved aside, the new one renamed in, the old one removed.
+    """
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".staging-{directory.name}-", dir=directory.parent))
+    try:
+        save_model(staging, model, metadata)
+        retired = directory.parent / f".retired-{directory.name}"
+        shutil.rmtree(retired, ignore_errors=True)
+        if directory.exists():
+            os.replace(directory, retired)
+        os.replace(staging, directory)
+        shutil.rmtree(retired, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 
 
