@@ -67,14 +67,22 @@ def replace_model(directory: Path, model: TinyDiT, metadata: dict[str, Any] | No
     staging = Path(tempfile.mkdtemp(prefix=f".staging-{directory.name}-", dir=directory.parent))
     try:
         save_model(staging, model, metadata)
-        retired = directory.parent / f".retired-{directory.name}"
-        shutil.rmtree(retired, ignore_errors=True)
-        if directory.exists():
-            os.replace(directory, retired)
-        os.replace(staging, directory)
-        shutil.rmtree(retired, ignore_errors=True)
+        _swap_in(staging, directory)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _swap_in(staging: Path, final: Path) -> None:
+    """Rename a complete ``staging`` directory to ``final``; an old ``final`` is moved aside first and
+    removed after, so that a complete directory exists at every moment."""
+    if not final.exists():
+        os.replace(staging, final)
+        return
+    retired = final.parent / f".retired-{final.name}"
+    shutil.rmtree(retired, ignore_errors=True)
+    os.replace(final, retired)
+    os.replace(staging, final)
+    shutil.rmtree(retired)
 
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
@@ -177,14 +185,7 @@ def save_training_checkpoint(
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
     try:
         _write_training_files(staging, iteration, model, optimizer, ema, extra)
-        if final.exists():  # move the old copy aside first, so that a complete directory always exists
-            retired = root / f".retired-{final.name}"
-            shutil.rmtree(retired, ignore_errors=True)
-            os.replace(final, retired)
-            os.replace(staging, final)
-            shutil.rmtree(retired)
-        else:
-            os.replace(staging, final)
+        _swap_in(staging, final)
         fsync_dir(root)
         write_text_durably(root / "latest", final.name)
     except BaseException as error:
