@@ -70,10 +70,8 @@ def nft_update(
     """
     clean = batch.latents[:, -1]
     kept = torch.nonzero(batch.advantages != 0).squeeze(1)
-    totals = {"loss": 0.0, "grad_norm": 0.0, "optimality_mean": 0.0}
+    totals = {"loss": 0.0, "grad_norm": 0.0}
     steps = 0
-    if len(kept) > 0:
-        totals["optimality_mean"] = float(optimality(batch.advantages[kept], config.nft_adv_scale).mean())
     for _ in range(config.num_epochs):
         order = kept[torch.randperm(len(kept), generator=generator)]
         for rows in order.chunk(config.num_minibatches) if len(order) else ():
@@ -95,7 +93,8 @@ def nft_update(
             totals["loss"] += float(loss.detach())
             totals["grad_norm"] += float(grad_norm)
             steps += 1
-    metrics = {f"train/{name}": value / max(steps, 1) for name, value in totals.items() if name != "optimality_mean"}
-    metrics["train/optimality_mean"] = totals["optimality_mean"]
+    metrics = {f"train/{name}": value / max(steps, 1) for name, value in totals.items()}
+    kept_optimality = optimality(batch.advantages[kept], config.nft_adv_scale)
+    metrics["train/optimality_mean"] = float(kept_optimality.mean()) if len(kept) else 0.0
     metrics["train/trained_samples"] = float(len(kept))
     return metrics
