@@ -21,7 +21,6 @@ from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
 from spotlight.rl.checkpoint import load_model, save_model
 from spotlight.schema import ConfigError
 from spotlight.tasks.registry import get_task
-from spotlight.tasks.shapes import KINDS, all_prompts
 
 
 def build_model(config: PretrainConfig) -> TinyDiT:
@@ -48,16 +47,6 @@ def initial_model(config: PretrainConfig) -> TinyDiT:
         raise ConfigError(f"init_checkpoint {config.init_checkpoint} has model {start.config}, but the config "
                           f"asks for {model.config}: make the 'model' section match the checkpoint")
     return start.float()
-
-
-def sample_prompts(generator: torch.Generator, batch_size: int) -> list[str]:
-    """Prompts with every kind equally likely (position alone has 80% of the prompt space)."""
-    by_kind: dict[str, list[str]] = {kind: [] for kind in KINDS}
-    for spec in all_prompts():
-        by_kind[spec.kind].append(spec.text)
-    kinds = torch.randint(len(KINDS), (batch_size,), generator=generator).tolist()
-    picks = torch.rand(batch_size, generator=generator).tolist()
-    return [by_kind[KINDS[k]][int(p * len(by_kind[KINDS[k]]))] for k, p in zip(kinds, picks, strict=True)]
 
 
 def sample_sigmas(batch: int, sampling: str, generator: torch.Generator) -> torch.Tensor:

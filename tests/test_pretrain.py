@@ -5,9 +5,8 @@ from __future__ import annotations
 import torch
 
 from spotlight.config import ConfigError, PretrainConfig, parse_config
-from spotlight.pretrain import ema_decay_at, flow_matching_loss, pretrain, sample_prompts
+from spotlight.pretrain import ema_decay_at, flow_matching_loss, pretrain
 from spotlight.rl.checkpoint import load_model
-from spotlight.tasks.shapes import KINDS, parse_prompt
 
 
 def tiny(tmp_path, steps: int, eval_every: int = 100) -> PretrainConfig:
@@ -44,14 +43,6 @@ def test_the_flow_matching_loss_is_zero_for_the_true_velocity():
     loss = flow_matching_loss(Oracle(), images, torch.zeros(3, 2, dtype=torch.long), sigma, generator)
     assert loss.item() < 1e-10
     assert torch.equal(noise, torch.randn(images.shape, generator=torch.Generator().manual_seed(0)))
-
-
-def test_pretraining_prompts_cover_every_kind_evenly():
-    prompts = sample_prompts(torch.Generator().manual_seed(0), 4000)
-    counts = {kind: 0 for kind in KINDS}
-    for prompt in prompts:
-        counts[parse_prompt(prompt).kind] += 1
-    assert all(abs(count / 4000 - 1 / len(KINDS)) < 0.03 for count in counts.values())
 
 
 def test_ema_warm_up_follows_the_step_then_caps_at_the_decay():

@@ -51,17 +51,11 @@ def _ocr_reward(strict_weight: float) -> Reward:
     return OCRReward()
 
 
-def _shapes_pretrain_prompts(generator: torch.Generator, count: int) -> list[str]:
-    from spotlight.pretrain import sample_prompts
-
-    return sample_prompts(generator, count)
-
-
 TASKS: dict[TaskName, Task] = {
     "shapes": Task(
         name="shapes", vocab_size=len(shapes.VOCAB), image_size=(32, 32), split=shapes.train_val_split,
         tokenize=shapes.tokenize, kind_of=lambda prompt: shapes.parse_prompt(prompt).kind,
-        pretrain_prompts=_shapes_pretrain_prompts,
+        pretrain_prompts=shapes.sample_prompts,
         render_batch=lambda prompts, seed, height, width, lattice: render.render_batch(prompts, seed, height, lattice),
         make_reward=_shapes_reward,
     ),

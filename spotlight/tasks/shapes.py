@@ -215,6 +215,16 @@ def _split_key(text: str) -> str:
     return hashlib.sha256(f"{_SPLIT_SALT}:{text}".encode()).hexdigest()
 
 
+def sample_prompts(generator: torch.Generator, batch_size: int) -> list[str]:
+    """Pre-training prompts with every kind equally likely (position alone has 80% of the prompt space)."""
+    by_kind: dict[str, list[str]] = {kind: [] for kind in KINDS}
+    for spec in all_prompts():
+        by_kind[spec.kind].append(spec.text)
+    kinds = torch.randint(len(KINDS), (batch_size,), generator=generator).tolist()
+    picks = torch.rand(batch_size, generator=generator).tolist()
+    return [by_kind[KINDS[k]][int(p * len(by_kind[KINDS[k]]))] for k, p in zip(kinds, picks, strict=True)]
+
+
 def train_val_split() -> tuple[list[str], list[str]]:
     """The fixed train / validation split of prompt texts.
 

@@ -14,6 +14,7 @@ from spotlight.tasks.shapes import (
     PromptSpec,
     all_prompts,
     parse_prompt,
+    sample_prompts,
     tokenize,
     train_val_split,
 )
@@ -161,3 +162,11 @@ def test_tokenize_rejects_unknown_words_and_long_prompts():
         tokenize(["a <pad> circle"])
     with pytest.raises(ValueError, match="max_len=4"):
         tokenize(["a red circle and a blue square"], max_len=4)
+
+
+def test_pretraining_prompts_cover_every_kind_evenly():
+    prompts = sample_prompts(torch.Generator().manual_seed(0), 4000)
+    counts = {kind: 0 for kind in KINDS}
+    for prompt in prompts:
+        counts[parse_prompt(prompt).kind] += 1
+    assert all(abs(count / 4000 - 1 / len(KINDS)) < 0.03 for count in counts.values())
