@@ -11,7 +11,7 @@ import traceback
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, TextIO
+from typing import Annotated, Any, NoReturn, TextIO
 
 import typer
 from rich.console import Console
@@ -22,6 +22,7 @@ from typer.core import TyperGroup
 
 from spotlight import errors
 from spotlight.config import PretrainConfig, TrainConfig, load_config
+from spotlight.modes import Mode
 from spotlight.run_log import RUN_LOG_NAME, log_to, output_to_log
 
 console = Console(stderr=True)
@@ -77,7 +78,7 @@ ResumeOption = Annotated[bool, typer.Option("--resume", help="Continue the run i
 SetOption = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a field: section.field=value.")]
 
 
-def _fail(error: Exception) -> None:
+def _fail(error: Exception) -> NoReturn:
     """Print one line naming the cause (the run directory keeps what was written) and exit 2."""
     console.print(f"[bold red]error:[/] {escape(errors.one_line(error))}", highlight=False, soft_wrap=True)
     raise typer.Exit(code=errors.EXIT_KNOWN)
@@ -131,14 +132,13 @@ def train(
     """
     cfg = load_config(TrainConfig, config, [*(set_ or []), *([f"runtime.address={address}"] if address else [])])
     from spotlight.pipeline import train as run_train
-    from spotlight.spot_pipeline import uses_ray
 
     run_log = Path(cfg.run_dir) / RUN_LOG_NAME
     if isinstance(ctx.obj, CommandState):
         ctx.obj.run_log = run_log
     with ExitStack() as stack:
         # On Ray, descriptors 1 and 2 go to the log (Ray's node-death dumps); progress goes to the terminal.
-        terminal = stack.enter_context(output_to_log(run_log)) if uses_ray(cfg) else sys.stderr
+        terminal = stack.enter_context(output_to_log(run_log)) if cfg.uses_ray else sys.stderr
         stack.enter_context(log_to(run_log, terminal))
         progress = _progress(terminal)
         stack.callback(progress.stop)
@@ -212,7 +212,16 @@ def eval_(
     Console().print(table)
 
 
-ALL_SIM_MODES = "vanilla,sync-explore,spot-rollout,spotlight"
+# stale-explore is spotlight's seeds without its devices: a measurement of staleness, not a cluster to simulate
+ALL_SIM_MODES = ",".join(mode for mode in Mode if not mode.single_process_only)
+
+
+def _parse_modes(modes: str) -> list[Mode]:
+    """The modes of a comma-separated list; an unknown name is a one-line error naming the known ones."""
+    try:
+        return [Mode(name.strip()) for name in modes.split(",")]
+    except ValueError as error:
+        _fail(ValueError(f"--modes: {error}; pick from {', '.join(Mode)}"))
 
 
 @app.command()
@@ -230,7 +239,7 @@ def simulate(
 
     try:
         base = load_config(SimConfig, config, set_)
-        results = {mode: run_simulation(base.model_copy(update={"mode": mode})) for mode in modes.split(",")}
+        results = {mode: run_simulation(base.model_copy(update={"mode": mode})) for mode in _parse_modes(modes)}
     except ValueError as error:  # the simulator's checks of its inputs: one line each
         _fail(error)
     table = Table(title="spotlight simulate")

@@ -13,8 +13,9 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from spotlight.explore.planner import PlannerConfig
+from spotlight.modes import Mode
 from spotlight.runtime.cores import available_cores, check_cores
-from spotlight.runtime.settings import RUNTIME_MODES, RuntimeSection
+from spotlight.runtime.settings import RuntimeSection
 from spotlight.schema import ConfigError, Section  # noqa: F401 (re-exported: ConfigError, Section)
 from spotlight.tasks import TaskName
 
@@ -127,7 +128,7 @@ class TrainConfig(Section):
     """Everything ``spotlight train`` needs."""
 
     seed: int = 0
-    mode: Literal["vanilla", "sync-explore", "stale-explore", "spot-rollout", "spotlight"] = "spotlight"
+    mode: Mode = Mode.SPOTLIGHT
     task: TaskName = "shapes"  # prompts, split and reward; must match the base model's task
     iterations: int = Field(200, ge=1)
     base_checkpoint: str = "shapes-base"
@@ -170,6 +171,11 @@ class TrainConfig(Section):
         return self
 
     @property
+    def uses_ray(self) -> bool:
+        """Whether the run goes on the Ray runtime: always for spot-rollout / spotlight, else with runtime.use_ray."""
+        return self.runtime.runs_on_ray(self.mode)
+
+    @property
     def rollout_sampler(self) -> Literal["sde", "ode"]:
         """The rollout's sampler: ``rollout.sampler``, or the update's own (SDE for flow-grpo, ODE for nft)."""
         if self.rollout.sampler is not None:
@@ -186,8 +192,8 @@ class TrainConfig(Section):
     @model_validator(mode="after")
     def _explore_covers_group(self) -> TrainConfig:
         planner = self.explore.planner
-        explores = self.mode not in ("vanilla", "spot-rollout")
-        on_ray = self.mode in RUNTIME_MODES or self.runtime.use_ray  # the runtime always plans (N, S)
+        explores = self.mode.explores
+        on_ray = self.uses_ray  # the runtime always plans (N, S)
         if explores and planner is not None and min(planner.num_candidates) < self.rollout.group_size:
             raise ValueError(
                 f"explore.planner.num_candidates must all be >= rollout.group_size "
@@ -208,8 +214,8 @@ class TrainConfig(Section):
 
     @model_validator(mode="after")
     def _sp_serves_exploration(self) -> TrainConfig:
-        on_ray = self.mode in RUNTIME_MODES or self.runtime.use_ray
-        if self.runtime.sp_degree > 1 and not (on_ray and self.mode in ("spotlight", "sync-explore")):
+        on_ray = self.uses_ray
+        if self.runtime.sp_degree > 1 and not (on_ray and self.mode.explores and self.mode.rents_spot):
             raise ValueError(
                 f"runtime.sp_degree={self.runtime.sp_degree}: SP groups serve exploration only, on the Ray runtime; "
                 f"use mode spotlight or sync-explore ({self.mode}{'' if on_ray else ' without Ray'}); or sp_degree 1"

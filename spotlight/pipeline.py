@@ -35,8 +35,8 @@ from spotlight.explore.candidates import exploration_sampling, score_candidates
 from spotlight.explore.planner import ExplorationPlanner, ExplorePlan
 from spotlight.explore.selection import select_seeds
 from spotlight.explore.staleness import StalenessMonitor
+from spotlight.generation import generate, prompt_tokens, to_images
 from spotlight.models.tinydit import TinyDiT
-from spotlight.policy import generate, prompt_tokens, to_images
 from spotlight.pretrain import ema_decay_at, update_ema
 from spotlight.report.grid import save_grid
 from spotlight.rewards.base import Reward, guarded_score

@@ -42,6 +42,7 @@ from spotlight.config import TrainConfig
 from spotlight.diffusion.sampler import Trajectory
 from spotlight.explore.candidates import exploration_sampling, score_latents
 from spotlight.explore.planner import ExplorationPlanner, ExplorePlan, round_budget
+from spotlight.generation import generate
 from spotlight.models.tinydit import TinyDiTConfig
 from spotlight.pipeline import (
     Exploration,
@@ -56,7 +57,6 @@ from spotlight.pipeline import (
     score_rollout,
     select_explored,
 )
-from spotlight.policy import generate
 from spotlight.rewards.base import Reward
 from spotlight.runtime.attached import AttachedSpotNodes
 from spotlight.runtime.cost_meter import DeviceLedger, default_prices
@@ -66,7 +66,6 @@ from spotlight.runtime.events import EventLog
 from spotlight.runtime.pools import CallResult, LocalCluster, PoolError, SpotPool, attach_cluster
 from spotlight.runtime.preemption import TraceReplay
 from spotlight.runtime.queue import Request, start_queue_actor
-from spotlight.runtime.settings import RUNTIME_MODES
 from spotlight.runtime.watchers import WatchSettings
 from spotlight.runtime.worker import WorkerSettings, model_weights
 from spotlight.sim.traces import TraceError, find_trace, load_trace
@@ -83,7 +82,7 @@ SP_HEAD_SYSTEM_CONFIG = {"health_check_failure_threshold": 20, "health_check_tim
 
 def uses_ray(config: TrainConfig) -> bool:
     """Whether ``config`` runs on the Ray runtime (always for spot-rollout / spotlight)."""
-    return config.mode in RUNTIME_MODES or config.runtime.use_ray
+    return config.uses_ray
 
 
 def run_on_ray(config: TrainConfig, resume: bool = False, reward: Reward | None = None,

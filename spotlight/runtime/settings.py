@@ -7,12 +7,10 @@ from typing import Literal
 from pydantic import Field
 
 from spotlight.explore.planner import PlannerConfig
+from spotlight.modes import Mode
 from spotlight.schema import Section
 
-__all__ = ["PricesSection", "RuntimeSection", "RUNTIME_MODES"]
-
-# Modes that always run on the Ray runtime; vanilla and sync-explore do with runtime.use_ray.
-RUNTIME_MODES = ("spot-rollout", "spotlight")
+__all__ = ["PricesSection", "RuntimeSection"]
 
 
 class PricesSection(Section):
@@ -71,3 +69,7 @@ class RuntimeSection(Section):
         num_candidates=(8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128),
         num_steps=(4, 7, 10),
     )
+
+    def runs_on_ray(self, mode: Mode) -> bool:
+        """Whether a run of ``mode`` goes on this runtime: always for spot-rollout / spotlight, else with use_ray."""
+        return mode.on_ray or self.use_ray
