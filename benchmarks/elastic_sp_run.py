@@ -30,8 +30,8 @@ from provenance import RESULTS, git_commit, machine
 from ray.cluster_utils import Cluster
 
 from spotlight.diffusion.sampler import SamplingPlan
+from spotlight.generation import generate
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
-from spotlight.policy import generate
 from spotlight.runtime.elastic_sp import ElasticSPSettings, LocalSpotNodes, run_elastic_sp
 from spotlight.runtime.preemption import TraceReplay
 from spotlight.runtime.queue import Request, start_queue_actor

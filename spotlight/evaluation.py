@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 
 from spotlight.diffusion.sampler import SamplingPlan
+from spotlight.generation import generate, to_images
 from spotlight.models.tinydit import TinyDiT
-from spotlight.policy import generate, to_images
 from spotlight.rewards.base import Reward, guarded_score
 from spotlight.tasks.registry import task_of
 

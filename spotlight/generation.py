@@ -1,4 +1,8 @@
-"""Glue between a velocity model, the prompt encoder and the sampler: a rollout is a call here."""
+"""Rollouts from a velocity model: prompts to tokens (the task's tokenizer), the sampler bound to the model.
+
+Not a policy object (that is `spotlight.models`): this is the glue every place that generates images
+calls (the loop, exploration, evaluation, spot devices), so it is written once.
+"""
 
 from __future__ import annotations
 

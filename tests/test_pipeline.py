@@ -204,8 +204,8 @@ def test_max_wall_s_ends_the_run_after_the_iteration_that_passes_it_validated_an
 def test_a_rollout_sampled_in_parts_scores_like_one_sampled_whole(tiny_base_model, tmp_path):
     """What the runtime does with spot helpers: sample prompt groups on several devices, score them together."""
     from spotlight.diffusion.sampler import Trajectory
+    from spotlight.generation import generate
     from spotlight.pipeline import candidate_seeds, group_requests, rollout, rollout_plan, score_rollout
-    from spotlight.policy import generate
 
     config = tiny_config(tiny_base_model, tmp_path / "run")
     trainer = Trainer(config)

@@ -26,8 +26,8 @@ import ray
 import torch
 
 from spotlight.diffusion.sampler import SamplingPlan
+from spotlight.generation import generate
 from spotlight.models.tinydit import TinyDiTConfig
-from spotlight.policy import generate
 from spotlight.runtime.cores import pin_process
 from spotlight.runtime.queue import RemoteQueue
 from spotlight.runtime.worker import WorkerReport, WorkerSettings, model_from_weights, worker_loop

@@ -33,8 +33,8 @@ import torch
 
 from spotlight.diffusion.noise import initial_latents
 from spotlight.diffusion.sampler import SamplingPlan, VelocityFn, sample
+from spotlight.generation import prompt_tokens
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
-from spotlight.policy import prompt_tokens
 from spotlight.runtime.queue import Lease, QueueClient, RemoteQueue
 
 __all__ = [

@@ -1,7 +1,7 @@
 """The node agent with real device processes and real gloo groups: form, break, re-form, resume.
 
 One agent (two devices and one warm spare) serves the module. Golden numbers come from the plain
-single-device sampler in this process (`spotlight.policy.generate`), a path that shares no code with
+single-device sampler in this process (`spotlight.generation.generate`), a path that shares no code with
 the device processes, the sharding or the all-to-alls.
 """
 
@@ -17,8 +17,8 @@ from random_models import randomised_tinydit
 
 from spotlight.diffusion.noise import initial_latents
 from spotlight.diffusion.sampler import SamplingPlan
+from spotlight.generation import generate
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
-from spotlight.policy import generate
 from spotlight.runtime.agent import AgentError, GroupBroken, NodeAgent
 from spotlight.runtime.queue import Request, RequestQueue
 from spotlight.runtime.reconfigure import plan_groups

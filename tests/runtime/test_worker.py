@@ -18,8 +18,8 @@ import torch
 from local_ray_node import local_ray
 
 from spotlight.diffusion.sampler import SamplingPlan, sample
+from spotlight.generation import prompt_tokens, velocity_fn
 from spotlight.models.tinydit import TinyDiT
-from spotlight.policy import prompt_tokens, velocity_fn
 from spotlight.rl.checkpoint import load_model
 from spotlight.runtime.queue import Request, RequestQueue, start_queue_actor
 from spotlight.runtime.worker import (

@@ -2,9 +2,9 @@ import pytest
 import torch
 
 from spotlight.config import TrainConfig
+from spotlight.generation import prompt_tokens
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig, sincos_2d
 from spotlight.pipeline import RunError, Trainer
-from spotlight.policy import prompt_tokens
 from spotlight.tasks import text
 from spotlight.tasks.registry import TASKS, get_task, task_of
 
