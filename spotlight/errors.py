@@ -41,7 +41,7 @@ KNOWN_ERRORS = (
     ("spotlight.runtime.worker", "WorkerConfigError"),
     ("spotlight.runtime.reconfigure", "ReconfigureError"),
     ("spotlight.report.run_data", "ReportError"),
-    ("spotlight.models.diffusers_adapter", "DiffusersLoadError"),
+    ("spotlight.models.diffusers_loading", "DiffusersLoadError"),
 )
 
 

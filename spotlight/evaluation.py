@@ -9,7 +9,7 @@ import torch
 
 from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.generation import generate, to_images
-from spotlight.models.tinydit import TinyDiT
+from spotlight.models.policy import Policy
 from spotlight.rewards.base import Reward, guarded_score
 from spotlight.tasks.registry import task_of
 
@@ -53,7 +53,7 @@ def validation_seeds(num_prompts: int, seeds_per_prompt: int) -> list[int]:
 
 
 def evaluate(
-    model: TinyDiT, prompts: Sequence[str], reward: Reward, seeds_per_prompt: int = 4, num_steps: int = 10,
+    model: Policy, prompts: Sequence[str], reward: Reward, seeds_per_prompt: int = 4, num_steps: int = 10,
     shift: float = 1.0,
 ) -> EvalResult:
     """Score ODE samples of every prompt at fixed seeds; returns strict accuracy overall and per kind."""

@@ -11,16 +11,16 @@ from collections.abc import Sequence
 import torch
 
 from spotlight.diffusion.sampler import SamplingPlan, Trajectory, VelocityFn, sample
-from spotlight.models.tinydit import TinyDiT
+from spotlight.models.policy import Policy
 from spotlight.tasks.registry import task_of
 
 
-def prompt_tokens(model: TinyDiT, prompts: Sequence[str]) -> torch.Tensor:
+def prompt_tokens(model: Policy, prompts: Sequence[str]) -> torch.Tensor:
     """Token ids (B, L) of prompts for ``model``'s text encoder (its task's tokenizer)."""
     return task_of(model).tokenize(prompts, model.config.max_text_len)
 
 
-def velocity_fn(model: TinyDiT, tokens: torch.Tensor) -> VelocityFn:
+def velocity_fn(model: Policy, tokens: torch.Tensor) -> VelocityFn:
     """Bind the prompts so the sampler sees ``v(x, sigma)``; chunks follow the latent batch."""
 
     def velocity(x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
@@ -30,7 +30,7 @@ def velocity_fn(model: TinyDiT, tokens: torch.Tensor) -> VelocityFn:
 
 
 def generate(
-    model: TinyDiT,
+    model: Policy,
     prompts: Sequence[str],
     seeds: Sequence[int],
     plan: SamplingPlan,
@@ -47,7 +47,7 @@ def generate(
         stop = start + chunk_size
         parts.append(
             sample(velocity_fn(model, tokens[start:stop]), list(seeds[start:stop]), plan,
-                   model.config.latent_shape, record=record)
+                   model.latent_shape, record=record)
         )
     return Trajectory(
         latents=torch.cat([part.latents for part in parts]),

@@ -9,7 +9,7 @@ import torch
 from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.explore.planner import ExplorePlan
 from spotlight.generation import generate, to_images
-from spotlight.models.tinydit import TinyDiT
+from spotlight.models.policy import Policy
 from spotlight.rewards.base import Reward, guarded_score
 
 
@@ -34,7 +34,7 @@ def exploration_sampling(plan: ExplorePlan, rollout: SamplingPlan) -> SamplingPl
 
 
 def score_candidates(
-    model: TinyDiT, prompts: Sequence[str], seeds: torch.Tensor, sampling: SamplingPlan, reward: Reward
+    model: Policy, prompts: Sequence[str], seeds: torch.Tensor, sampling: SamplingPlan, reward: Reward
 ) -> torch.Tensor:
     """Rewards (P, N) of each prompt's N candidate seeds (P, N) sampled with ``sampling``; NaN where scoring failed.
 

@@ -11,12 +11,16 @@ be applied from outside (see ``spotlight.models.attention``).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 import torch.nn as nn
 
 from spotlight.models.attention import AttentionFn, sdpa_attention
+
+ARCHITECTURE = "TinyDiT"  # what model.json names, for spotlight.models.rebuild
 
 
 @dataclass(frozen=True)
@@ -207,3 +211,26 @@ class TinyDiT(nn.Module):
         sequence, cond, mask = self.embed(x, sigma, tokens)
         sequence = self.run_blocks(sequence, cond, mask)
         return self.unpatchify(sequence[:, tokens.shape[1] :], cond)
+
+    # --- the policy interface (spotlight.models.policy): every weight is trained, so every weight moves ---
+
+    @property
+    def latent_shape(self) -> tuple[int, int, int]:
+        """(C, H, W) of the images it denoises (no VAE: latents are pixels in [-1, 1])."""
+        return self.config.latent_shape
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """Every parameter: a TinyDiT is trained in full."""
+        return list(self.parameters())
+
+    def broadcast_state(self) -> dict[str, torch.Tensor]:
+        """The whole state dict, detached: a TinyDiT has no frozen base to leave out."""
+        return {name: tensor.detach() for name, tensor in self.state_dict().items()}
+
+    def load_broadcast_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Copy a state from :meth:`broadcast_state` (strict: every key, every shape)."""
+        self.load_state_dict({name: torch.as_tensor(tensor) for name, tensor in state.items()})
+
+    def describe(self) -> dict[str, Any]:
+        """JSON that rebuilds the architecture: its name and config."""
+        return {"architecture": ARCHITECTURE, "config": self.config.to_dict()}

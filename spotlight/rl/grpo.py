@@ -16,7 +16,7 @@ import torch
 
 from spotlight.config import TrainSection
 from spotlight.diffusion.steps import sde_step
-from spotlight.models.tinydit import TinyDiT
+from spotlight.models.policy import Policy
 from spotlight.rl.loss import clipped_policy_loss, gaussian_step_kl
 
 
@@ -58,7 +58,7 @@ def choose_train_timesteps(
 
 
 def step_log_prob_and_mean(
-    model: TinyDiT, batch: RolloutBatch, rows: torch.Tensor, step: int
+    model: Policy, batch: RolloutBatch, rows: torch.Tensor, step: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Log-prob (B',), Gaussian mean and std of the recorded transition ``step -> step+1`` of ``rows``."""
     sigmas = batch.sigmas
@@ -74,8 +74,8 @@ def step_log_prob_and_mean(
 
 
 def grpo_update(
-    model: TinyDiT,
-    reference: TinyDiT | None,
+    model: Policy,
+    reference: Policy | None,
     optimizer: torch.optim.Optimizer,
     batch: RolloutBatch,
     config: TrainSection,

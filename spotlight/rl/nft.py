@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from spotlight.config import TrainSection
-from spotlight.models.tinydit import TinyDiT
+from spotlight.models.policy import Policy
 from spotlight.rl.grpo import RolloutBatch
 
 
@@ -54,8 +54,8 @@ def nft_loss(
 
 
 def nft_update(
-    model: TinyDiT,
-    old_model: TinyDiT,
+    model: Policy,
+    old_model: Policy,
     optimizer: torch.optim.Optimizer,
     batch: RolloutBatch,
     config: TrainSection,

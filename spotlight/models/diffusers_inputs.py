@@ -1,0 +1,140 @@
+"""What a diffusers transformer is handed: prompt embeddings, packed latents, RoPE ids and the timestep.
+
+`transformer_velocity` is the one place that knows each family's calling convention (see the table
+in `spotlight.models.diffusers_adapter`) and returns the velocity in Spotlight's convention.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from spotlight.models.diffusers_config import Family
+
+
+@dataclass(frozen=True)
+class PromptEmbeddings:
+    """Encoded prompts, the ``cond`` of a diffusers policy; rows index like a tensor (``cond[rows]``).
+
+    ``embeds`` (B, L, D): the text encoder's hidden states (T5/CLIP for SD3 and FLUX, Qwen2.5-VL for
+    Qwen-Image); ``pooled`` (B, P): the pooled CLIP vector that SD3 and FLUX need; ``mask`` (B, L)
+    bool, True = a real token, used by Qwen-Image (SD3 and FLUX attend to their padding embeddings,
+    as their pipelines do).
+    """
+
+    embeds: torch.Tensor
+    pooled: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        batch = self.embeds.shape[0]
+        if self.embeds.dim() != 3:
+            raise ValueError(f"embeds must be (B, L, D) (got shape {tuple(self.embeds.shape)})")
+        if self.pooled is not None and (self.pooled.dim() != 2 or self.pooled.shape[0] != batch):
+            raise ValueError(f"pooled must be (B, P) with B = {batch} (got shape {tuple(self.pooled.shape)})")
+        if self.mask is not None and tuple(self.mask.shape) != tuple(self.embeds.shape[:2]):
+            raise ValueError(
+                f"mask must be (B, L) = {tuple(self.embeds.shape[:2])} like embeds (got {tuple(self.mask.shape)})"
+            )
+
+    def __len__(self) -> int:
+        return self.embeds.shape[0]
+
+    def __getitem__(self, rows: slice | Sequence[int] | torch.Tensor | int) -> PromptEmbeddings:
+        """The embeddings of ``rows``; an int keeps the batch dimension (a batch of one)."""
+        if isinstance(rows, int):
+            rows = slice(rows, rows + 1 if rows != -1 else None)
+        return PromptEmbeddings(
+            embeds=self.embeds[rows],
+            pooled=None if self.pooled is None else self.pooled[rows],
+            mask=None if self.mask is None else self.mask[rows],
+        )
+
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> PromptEmbeddings:
+        """A copy on ``device`` with floating tensors in ``dtype`` (the mask stays bool)."""
+        return PromptEmbeddings(
+            embeds=self.embeds.to(device=device, dtype=dtype),
+            pooled=None if self.pooled is None else self.pooled.to(device=device, dtype=dtype),
+            mask=None if self.mask is None else self.mask.to(device=device, dtype=torch.bool),
+        )
+
+
+def pack_latents(x: torch.Tensor) -> torch.Tensor:
+    """(B, C, H, W) -> (B, H/2 * W/2, 4C): one token per 2x2 patch, channel-major (FLUX / Qwen-Image layout)."""
+    batch, channels, height, width = x.shape
+    if height % 2 or width % 2:
+        raise ValueError(f"latent height and width must be even to pack 2x2 patches (got {height}x{width})")
+    patches = x.view(batch, channels, height // 2, 2, width // 2, 2).permute(0, 2, 4, 1, 3, 5)
+    return patches.reshape(batch, (height // 2) * (width // 2), channels * 4)
+
+
+def unpack_latents(tokens: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """Inverse of :func:`pack_latents`: (B, H/2 * W/2, 4C) -> (B, C, H, W)."""
+    batch, _, features = tokens.shape
+    patches = tokens.view(batch, height // 2, width // 2, features // 4, 2, 2).permute(0, 3, 1, 4, 2, 5)
+    return patches.reshape(batch, features // 4, height, width)
+
+
+def latent_image_ids(grid_height: int, grid_width: int, device: torch.device | None = None) -> torch.Tensor:
+    """FLUX's RoPE positions of the packed image tokens, (h*w, 3) = (0, row, column) in row-major order."""
+    rows, columns = torch.meshgrid(torch.arange(grid_height), torch.arange(grid_width), indexing="ij")
+    ids = torch.stack([torch.zeros_like(rows), rows, columns], dim=-1).reshape(-1, 3)
+    return ids.to(device=device, dtype=torch.float32)
+
+
+def latent_channels(family: Family, transformer: nn.Module) -> int:
+    """The channels C of the (B, C, H, W) latents a transformer of ``family`` denoises."""
+    config = transformer.config
+    if family == "sd3":
+        return int(config.in_channels)
+    if config.in_channels % 4:
+        raise ValueError(f"{family} in_channels must be 4 x latent channels (packed 2x2), got {config.in_channels}")
+    return int(config.in_channels) // 4
+
+
+def transformer_velocity(
+    transformer: nn.Module,
+    family: Family,
+    x: torch.Tensor,
+    sigma: torch.Tensor,
+    cond: PromptEmbeddings,
+    guidance_scale: float = 3.5,
+) -> torch.Tensor:
+    """Velocity (B, C, H, W) of a diffusers transformer of ``family`` at latents x (B, C, H, W), sigma (B,).
+
+    The policy interface without LoRA: the transformer runs in its own dtype, the result comes back
+    in ``x``'s dtype. The timestep goes in as float32, as SD3's pipeline passes it (1000 * sigma in
+    bfloat16 would be rounded to steps of 4-8); FLUX and Qwen-Image cast it to their dtype inside.
+    """
+    model_dtype = next(transformer.parameters()).dtype
+    batch, _, height, width = x.shape
+    if len(cond) != batch:
+        raise ValueError(f"got {len(cond)} prompt embeddings for {batch} latents: pass one row per latent")
+    cond = cond.to(device=x.device, dtype=model_dtype)
+    sigma = sigma.to(device=x.device, dtype=torch.float32).expand(batch)
+    if family in ("sd3", "flux") and cond.pooled is None:
+        raise ValueError(f"{family} needs pooled prompt embeddings (PromptEmbeddings.pooled, (B, P)): "
+                         "take them from the pipeline's encode_prompt")
+    if family == "sd3":
+        out = transformer(hidden_states=x.to(model_dtype), encoder_hidden_states=cond.embeds,
+                          pooled_projections=cond.pooled, timestep=1000.0 * sigma, return_dict=False)[0]
+        return out.to(x.dtype)
+    tokens = pack_latents(x.to(model_dtype))
+    if family == "flux":
+        guidance = None
+        if transformer.config.guidance_embeds:
+            guidance = torch.full((batch,), guidance_scale, dtype=torch.float32, device=x.device)
+        text_ids = torch.zeros(cond.embeds.shape[1], 3, device=x.device)
+        out = transformer(hidden_states=tokens, encoder_hidden_states=cond.embeds, pooled_projections=cond.pooled,
+                          timestep=sigma, img_ids=latent_image_ids(height // 2, width // 2, x.device),
+                          txt_ids=text_ids, guidance=guidance, return_dict=False)[0]
+    else:
+        img_shapes = [[(1, height // 2, width // 2)]] * batch
+        out = transformer(hidden_states=tokens, encoder_hidden_states=cond.embeds,
+                          encoder_hidden_states_mask=cond.mask, timestep=sigma, img_shapes=img_shapes,
+                          return_dict=False)[0]
+    return unpack_latents(out, height, width).to(x.dtype)
+

@@ -1,0 +1,81 @@
+"""The policy interface: what the sampler, the losses, checkpoints and the runtime ask of a velocity model.
+
+Spotlight trains two kinds of model, a TinyDiT trained in full and a diffusers transformer (SD3,
+FLUX, Qwen-Image) trained through LoRA. Everything above ``spotlight.models`` is written against
+this protocol, so the loop never asks which one it holds:
+
+- the call ``policy(x, sigma, tokens) -> velocity``: latents (B, C, H, W), noise levels (B,) and
+  prompt token ids (B, L) in, the velocity (B, C, H, W) out (``x_sigma = (1 - sigma) x0 + sigma noise``,
+  ``v = noise - x0``), the one call the sampler and the GRPO / NFT losses make;
+- ``trainable_parameters()``, what an optimizer steps (every weight of a TinyDiT, only LoRA's);
+- ``broadcast_state()`` / ``load_broadcast_state()``, the tensors that change under training: what
+  goes to spot devices every iteration and into checkpoints. For a LoRA policy these are the LoRA
+  matrices alone; the base is rebuilt from ``describe()``;
+- ``describe()``, JSON that rebuilds the policy without its trained tensors (``model.json``);
+- ``attention_fn``, the attention kernel every block calls, the hook through which sequence
+  parallelism is applied from outside (``spotlight.runtime.ulysses``);
+- ``latent_shape`` and ``config.task`` / ``config.max_text_len``: what to sample and how its prompts
+  are tokenized.
+
+Being ``runtime_checkable``, ``isinstance(model, Policy)`` checks that these members exist (not
+their signatures); the conformance tests exercise each of them on both implementations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+import torch.nn as nn
+
+from spotlight.models.attention import AttentionFn
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """A velocity model Spotlight can sample from, train, checkpoint and broadcast (module docstring)."""
+
+    config: Any  # its architecture record: ``task`` and ``max_text_len`` name the prompt tokenizer
+
+    @property
+    def attention_fn(self) -> AttentionFn | None:
+        """The attention kernel of every block (None on a diffusers policy: its own processors)."""
+        ...
+
+    @attention_fn.setter
+    def attention_fn(self, attention_fn: AttentionFn) -> None: ...
+
+    @property
+    def latent_shape(self) -> tuple[int, int, int]:
+        """(C, H, W) of the latents it denoises."""
+        ...
+
+    def __call__(self, x: torch.Tensor, sigma: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """The velocity (B, C, H, W) at latents ``x`` (B, C, H, W), noise levels ``sigma`` (B,), prompts (B, L)."""
+        ...
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """The parameters an optimizer steps."""
+        ...
+
+    def broadcast_state(self) -> dict[str, torch.Tensor]:
+        """Detached tensors that, loaded into a policy rebuilt from ``describe()``, reproduce this one."""
+        ...
+
+    def load_broadcast_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Take the tensors of another policy's ``broadcast_state`` (same description); refuses a mismatch."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """JSON: ``architecture``, ``config`` (and for a LoRA policy ``base``): what rebuilds it without its state."""
+        ...
+
+    # the nn.Module surface the loop uses
+    def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]: ...
+
+    def train(self, mode: bool = True) -> Any: ...
+
+    def eval(self) -> Any: ...
+
+    def requires_grad_(self, requires_grad: bool = True) -> Any: ...
