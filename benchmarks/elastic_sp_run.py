@@ -31,12 +31,12 @@ from ray.cluster_utils import Cluster
 
 from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.generation import generate
+from spotlight.market.traces import default_trace_dir, load_trace
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
 from spotlight.runtime.elastic_sp import ElasticSPSettings, LocalSpotNodes, run_elastic_sp
 from spotlight.runtime.preemption import TraceReplay
 from spotlight.runtime.queue import Request, start_queue_actor
 from spotlight.runtime.worker import model_weights
-from spotlight.sim.traces import default_trace_dir, load_trace
 
 CONFIG = TinyDiTConfig(image_size=32, patch_size=4, dim=128, depth=4, num_heads=4)  # 64 + 12 tokens
 PROMPTS = ["a red circle", "two blue squares", "a green triangle left of a red square", "three yellow circles"]

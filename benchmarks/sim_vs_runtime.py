@@ -83,9 +83,8 @@ import numpy as np
 from provenance import REPO, RESULTS, git_commit, machine
 
 from spotlight.config import TrainConfig, load_config, parse_config
+from spotlight.market.traces import Availability, resolve_trace
 from spotlight.sim.simulator import SimConfig, SimResult, SpotTimeline, simulate
-from spotlight.sim.traces import Availability, load_trace
-from spotlight.spot_pipeline import resolve_trace as runtime_trace
 
 TOLERANCE = 0.15
 TOLERANCED = ("loop_s", "util_spot", "util_on_demand", "util_spot_train_phase")  # the issue's targets
@@ -247,7 +246,7 @@ def sim_config(run: MeasuredRun, times: dict[str, Any], iterations: int) -> tupl
     """The SimConfig and trace of the run's loop (module docstring)."""
     config, runtime = run.config, run.config.runtime
     planner = config.explore.planner or runtime.planner
-    trace = load_trace(runtime_trace(runtime.trace)).clipped(runtime.num_spot_devices)
+    trace = resolve_trace(runtime.trace, "runtime.trace").clipped(runtime.num_spot_devices)
     start_s = run.windows[0][0] / runtime.time_scale  # in trace seconds
     trace = trace.window(start_s, trace.duration_s)
     sim = parse_config(SimConfig, {

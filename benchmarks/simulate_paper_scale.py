@@ -24,10 +24,10 @@ from typing import Any
 from provenance import REPO, RESULTS, git_commit, machine
 
 from spotlight.config import load_config
+from spotlight.market.prices import load_prices
+from spotlight.market.traces import Availability, default_trace_dir, load_trace
 from spotlight.sim.convergence import fit_convergence, load_measured_points
-from spotlight.sim.prices import load_prices
 from spotlight.sim.simulator import MODES, SimConfig, SimResult, cheapest_mix, price_sources, simulate
-from spotlight.sim.traces import Availability, default_trace_dir, load_trace
 from spotlight.sim.workload import describe
 
 MEASURED = RESULTS / "time_to_target.json"  # when the config names no convergence.measured

@@ -41,9 +41,9 @@ from provenance import REPO, RESULTS, git_commit, machine
 
 from spotlight.config import TrainConfig, load_config
 from spotlight.evaluation import evaluate
+from spotlight.market.prices import default_prices
 from spotlight.rl.checkpoint import load_model
 from spotlight.runtime.cores import pinned
-from spotlight.runtime.cost_meter import default_prices
 from spotlight.tasks.registry import get_task
 
 MODES = ("vanilla", "sync-explore", "spot-rollout", "spotlight")

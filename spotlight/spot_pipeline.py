@@ -30,7 +30,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,6 +42,9 @@ from spotlight.diffusion.sampler import Trajectory
 from spotlight.explore.candidates import exploration_sampling, score_latents
 from spotlight.explore.planner import ExplorationPlanner, ExplorePlan, round_budget
 from spotlight.generation import generate
+from spotlight.market.billing import DeviceLedger
+from spotlight.market.prices import default_prices
+from spotlight.market.traces import resolve_trace
 from spotlight.models.tinydit import TinyDiTConfig
 from spotlight.pipeline import (
     Exploration,
@@ -59,7 +61,6 @@ from spotlight.pipeline import (
 )
 from spotlight.rewards.base import Reward
 from spotlight.runtime.attached import AttachedSpotNodes
-from spotlight.runtime.cost_meter import DeviceLedger, default_prices
 from spotlight.runtime.device import ComputeClock
 from spotlight.runtime.elastic_sp import ElasticSP, ElasticSPSettings, LocalSpotNodes
 from spotlight.runtime.events import EventLog
@@ -68,7 +69,6 @@ from spotlight.runtime.preemption import TraceReplay
 from spotlight.runtime.queue import Request, start_queue_actor
 from spotlight.runtime.watchers import WatchSettings
 from spotlight.runtime.worker import WorkerSettings, model_weights
-from spotlight.sim.traces import TraceError, find_trace, load_trace
 
 __all__ = ["RayRuntime", "run_on_ray", "uses_ray"]
 
@@ -96,14 +96,6 @@ def run_on_ray(config: TrainConfig, resume: bool = False, reward: Reward | None 
         return runtime.run(on_iteration)
     finally:
         runtime.close()
-
-
-def resolve_trace(name: str) -> Path:
-    """A trace file: a path as given, or the name of a trace shipped in the package."""
-    try:
-        return find_trace(name)
-    except TraceError as error:
-        raise TraceError(f"runtime.trace: {error}, or set runtime.trace=null to run without preemptions") from None
 
 
 @dataclass
@@ -188,7 +180,8 @@ class RayRuntime:
             self.cluster = LocalCluster(node_timeout_s=section.node_timeout_s,
                                         system_config=SP_HEAD_SYSTEM_CONFIG if section.sp_degree > 1 else None)
             if self.num_spot and section.trace is not None:
-                availability = load_trace(resolve_trace(section.trace)).clipped(self.num_spot)
+                trace = resolve_trace(section.trace, "runtime.trace (null: no preemptions)")
+                availability = trace.clipped(self.num_spot)
             initial = {f"node{k}": 1 for k in range(self.num_spot)} if availability is None else \
                 {e.node: 1 for e in availability.events if e.time_s == 0 and e.kind == "add"}
             # With SP groups the spot nodes are ElasticSP's (its agents), not the pool's.

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from spotlight import errors
+from spotlight.market.traces import TraceError
 from spotlight.runtime.pools import PoolError
 from spotlight.schema import ConfigError
-from spotlight.sim.traces import TraceError
 
 
 def test_the_packages_person_facing_errors_are_known_and_other_errors_are_not() -> None:

@@ -29,7 +29,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from spotlight.runtime.cost_meter import DeviceLedger
+from spotlight.market.billing import DeviceLedger
 from spotlight.runtime.device import DeviceCall, SpotDevice
 from spotlight.runtime.events import EventLog
 from spotlight.runtime.worker import WorkerSettings

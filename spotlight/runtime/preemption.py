@@ -5,7 +5,7 @@ last poll, that they will be taken away, and how many seconds they have left. Wh
 driver locally, a node agent on a real cluster) tells the node's workers to commit, and the queue
 hands their requests to the survivors.
 
-- `TraceReplay` replays a spot trace (`spotlight.sim.traces.Availability`) against a clock: a notice
+- `TraceReplay` replays a spot trace (`spotlight.market.traces.Availability`) against a clock: a notice
   ``grace_s`` before each removal, and a `NodeReturn` when a node joins again, so a local cluster of
   logical nodes lives through a real cloud's churn.
 - `AwsSpotPoller`, `GcpPreemptionPoller`, `AzureScheduledEventsPoller` read the cloud's instance
@@ -27,7 +27,7 @@ from email.utils import parsedate_to_datetime
 from typing import Protocol
 
 from spotlight.http_fetch import FetchError, fetch
-from spotlight.sim.traces import Availability
+from spotlight.market.traces import Availability
 
 __all__ = [
     "AWS_METADATA_URL",

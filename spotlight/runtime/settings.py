@@ -14,7 +14,7 @@ __all__ = ["PricesSection", "RuntimeSection"]
 
 
 class PricesSection(Section):
-    """Device prices: per-GPU-hour prices of ``instance`` from spotlight/sim/prices.yaml, unless given."""
+    """Device prices: per-GPU-hour prices of ``instance`` from spotlight/market/prices.yaml, unless given."""
 
     instance: str = "p5.48xlarge"
     on_demand_per_gpu_hour: float | None = Field(None, ge=0)

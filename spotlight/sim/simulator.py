@@ -60,10 +60,11 @@ from pydantic import Field, model_validator
 
 from spotlight.config import ConfigError, Section
 from spotlight.explore.planner import ExplorationPlanner, ExplorePlan, PlannerConfig, round_budget
+from spotlight.market.billing import CostMeter, Phase, Usage
+from spotlight.market.pools import POOLS, Pool
+from spotlight.market.prices import Offering, PriceError, load_prices, price_override
+from spotlight.market.traces import Availability, resolve_trace
 from spotlight.sim.convergence import ConvergenceConfig, SignalConfig, SignalModel, resolve_convergence
-from spotlight.sim.cost import POOLS, CostMeter, Phase, Pool, Usage
-from spotlight.sim.prices import Offering, PriceError, load_prices, price_override
-from spotlight.sim.traces import Availability, find_trace, load_trace
 from spotlight.sim.workload import (
     DeviceTimes,
     WorkloadConfig,
@@ -85,7 +86,6 @@ __all__ = [
     "SpotTimeline",
     "cheapest_mix",
     "price_sources",
-    "resolve_trace",
     "simulate",
 ]
 
@@ -788,16 +788,11 @@ def _offering(prices: Mapping[str, Offering], instance: str, where: str) -> Offe
     return prices[instance]
 
 
-def _price(offering: Offering, kind: Literal["on_demand", "spot"], where: str) -> float:
+def _price(offering: Offering, kind: Pool, where: str) -> float:
     try:
         return offering.per_gpu_hour(kind)
     except PriceError as error:
         raise ConfigError(f"{where}: {error}") from None
-
-
-def resolve_trace(name: str) -> Availability:
-    """Return the Availability of `name`: an existing path, or a file in the spot trace folder."""
-    return load_trace(find_trace(name))
 
 
 def simulate(
@@ -813,7 +808,7 @@ def simulate(
     Raises ConfigError for an unknown instance, a missing price or an impossible SP layout.
     """
     if trace is None:
-        trace = resolve_trace(config.cluster.trace)
+        trace = resolve_trace(config.cluster.trace, "cluster.trace")
     if prices is None:
         prices = price_override(load_prices(), config.cluster.price_overrides, "cluster.price_overrides")
     simulation = _Simulation(config, trace, prices)
@@ -912,7 +907,7 @@ def cheapest_mix(
     if prices is None:
         prices = price_override(load_prices(), base.cluster.price_overrides, "cluster.price_overrides")
     if trace is None:
-        trace = resolve_trace(base.cluster.trace)
+        trace = resolve_trace(base.cluster.trace, "cluster.trace")
     sources = list(sources) if sources is not None else price_sources(prices)
     if not sources:
         raise ValueError("cheapest_mix: no price source has both an on-demand and a spot price; pass sources")

@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler
 import pytest
 from metadata_services import AwsImds, AzureScheduledEvents, FakeMetadata, GcpMetadata, iso
 
+from spotlight.market.traces import Availability, NodeEvent, poisson_trace
 from spotlight.runtime.preemption import (
     AwsSpotPoller,
     AzureScheduledEventsPoller,
@@ -24,7 +25,6 @@ from spotlight.runtime.preemption import (
     Notice,
     TraceReplay,
 )
-from spotlight.sim.traces import Availability, NodeEvent, poisson_trace
 
 NOW = 1_750_000_000.0  # the pollers' wall clock in these tests (epoch seconds)
 

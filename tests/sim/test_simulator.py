@@ -10,9 +10,9 @@ import pytest
 
 from spotlight.config import ConfigError, parse_config
 from spotlight.explore.planner import Decision, ExplorationPlanner
-from spotlight.sim.prices import load_prices
+from spotlight.market.prices import load_prices
+from spotlight.market.traces import Availability, NodeEvent, poisson_trace
 from spotlight.sim.simulator import SimConfig, SpotTimeline, cheapest_mix, price_sources, simulate
-from spotlight.sim.traces import Availability, NodeEvent, poisson_trace
 from spotlight.sim.workload import IterationTimes
 
 # Independent of the workload module: Qwen-Image at 1280², one guided step = 2 forwards of

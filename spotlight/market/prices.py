@@ -1,23 +1,26 @@
-"""Hourly prices of cloud machines, on-demand and spot, for the cost meter and the simulator.
+"""Hourly prices of cloud machines, on-demand and spot, for the simulator and the runtime's ledger.
 
 The defaults live in `prices.yaml` beside this module (package data): the table the Spotlight
 paper used. A run's config can override any field, or add a machine, with `price_override`.
 Prices are per whole machine per hour, as clouds bill them; `per_gpu_hour` divides by the GPUs.
+`default_prices` reads the two per-GPU-hour prices the runtime's ledger bills (`DevicePrices`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import importlib.resources
+import math
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-PriceKind = Literal["on_demand", "spot"]
+from spotlight.market.pools import Pool
 
 Price = Annotated[float | None, Field(ge=0, allow_inf_nan=False)]
 
@@ -47,7 +50,7 @@ class Offering(BaseModel):
         """Accept a YAML date (`2024-05-01` parses as a date) and keep it as ISO text."""
         return value.isoformat() if isinstance(value, dt.date) else value
 
-    def per_hour(self, kind: PriceKind) -> float:
+    def per_hour(self, kind: Pool) -> float:
         """Return the price of the whole machine per hour for `kind`; PriceError if it is unknown."""
         if kind not in ("on_demand", "spot"):
             raise PriceError(f"price kind must be 'on_demand' or 'spot', got {kind!r}")
@@ -59,7 +62,7 @@ class Offering(BaseModel):
             )
         return price
 
-    def per_gpu_hour(self, kind: PriceKind) -> float:
+    def per_gpu_hour(self, kind: Pool) -> float:
         """Return the price of one GPU-hour for `kind`: the machine's hourly price / gpus_per_machine.
 
         Clouds bill whole machines; per GPU is what compares an 8-GPU box with a 1-GPU one.
@@ -85,8 +88,8 @@ def load_prices(path: str | os.PathLike[str] | None = None) -> dict[str, Offerin
     the entry and the field for anything malformed or duplicated.
     """
     if path is None:
-        name = "spotlight/sim/prices.yaml"
-        text = importlib.resources.files("spotlight.sim").joinpath("prices.yaml").read_text(encoding="utf-8")
+        name = "spotlight/market/prices.yaml"
+        text = importlib.resources.files("spotlight.market").joinpath("prices.yaml").read_text(encoding="utf-8")
     else:
         name = str(path)
         try:
@@ -161,3 +164,36 @@ def _validate(values: Mapping[str, Any], where: str) -> Offering:
             else:
                 problems.append(f"{where}.{field}: {item['msg']} (got {item['input']!r})")
         raise PriceError("; ".join(problems)) from None
+
+
+@dataclass(frozen=True)
+class DevicePrices:
+    """Dollars per device-hour in each pool, and where the numbers come from."""
+
+    on_demand_per_hour: float
+    spot_per_hour: float
+    source: str
+
+    def __post_init__(self) -> None:
+        for name in ("on_demand_per_hour", "spot_per_hour"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"runtime.prices.{name} must be a finite price >= 0 in $/GPU-hour (got {value})")
+
+    def per_second(self, pool: Pool) -> float:
+        """Dollars per device-second in ``pool`` (the ledger bills by the second)."""
+        return (self.on_demand_per_hour if pool == "on_demand" else self.spot_per_hour) / 3600.0
+
+
+def default_prices(instance: str, on_demand: float | None = None, spot: float | None = None) -> DevicePrices:
+    """Per-GPU-hour prices of ``instance`` from the package's price table; explicit values win."""
+    offerings = load_prices()
+    if instance not in offerings:
+        raise PriceError(f"runtime.prices.instance {instance!r} is not in the price table; choose one of "
+                         f"{', '.join(sorted(offerings))} or give both per-GPU-hour prices")
+    offering = offerings[instance]
+    on_demand_price = on_demand if on_demand is not None else offering.per_gpu_hour("on_demand")
+    spot_price = spot if spot is not None else offering.per_gpu_hour("spot")
+    given = " (overridden in the config)" if on_demand is not None or spot is not None else ""
+    return DevicePrices(on_demand_price, spot_price, f"{offering.provider} {instance} per GPU-hour, "
+                        f"{offering.source}, {offering.date}{given}")

@@ -1,4 +1,10 @@
-"""The cost meter: rented device-seconds per pool and phase, their dollars and the utilisation.
+"""What rented devices cost: every rented device-second, what it did, and its dollars.
+
+Two meters, one billing rule (clouds bill GPU machines per second, from the moment a device is
+live until it goes, busy or not): `CostMeter` books the simulator's device-seconds by phase,
+`DeviceLedger` records the runtime's held and busy intervals on the run's clock.
+
+## CostMeter (the simulator)
 
 Two pools, `on_demand` and `spot`, each with a price per GPU-hour (from `prices.Offering`). Every
 rented device-second is booked to exactly one phase, so per pool the phases add up to what was
@@ -11,19 +17,32 @@ rented and the utilisation shares add up to 1:
   phase when the queue runs dry).
 Billing is per second (AWS, GCP and Azure bill GPU machines per second) of every rented device:
 a spot device costs from the moment it is live until it is preempted, busy or not.
+
+## DeviceLedger (the runtime)
+
+A device is *held* (rented, billed) from the moment its node is live until the node goes, busy or
+not, as clouds bill GPU machines per second. Within that, it is *busy* in intervals labelled with
+a phase (rollout, train, explore, broadcast, eval). From the two the meter answers, for any window
+of the run's clock: held and busy seconds per pool (utilisation = busy / held), the dollars so far
+per pool, and the share of busy time that was model compute (the rest is the runtime's overhead:
+RPCs, leases, tokenising, weight loading).
+
+Times are seconds on the run's clock (0 = the start of the run). Prices are per GPU-hour, one
+device = one GPU; the defaults come from the package's price table (`spotlight.market.prices`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-__all__ = ["BUSY_PHASES", "PHASES", "POOLS", "CostMeter", "Phase", "Pool", "Usage"]
+from spotlight.market.pools import POOLS, Pool
+from spotlight.market.prices import DevicePrices
 
-Pool = Literal["on_demand", "spot"]
+__all__ = ["BUSY_PHASES", "PHASES", "CostMeter", "DeviceLedger", "Phase", "Usage"]
+
 Phase = Literal["rollout", "train", "explore", "broadcast", "reconfiguring", "lost", "idle"]
-POOLS: tuple[Pool, ...] = get_args(Pool)
 PHASES: tuple[Phase, ...] = get_args(Phase)
 BUSY_PHASES: tuple[Phase, ...] = ("rollout", "train", "explore")
 
@@ -129,3 +148,79 @@ class CostMeter:
     def dollars(self) -> float:
         """Return the total cost so far over both pools."""
         return sum(self.usage(pool).dollars for pool in POOLS)
+
+
+@dataclass
+class _Device:
+    pool: Pool
+    held: list[list[float]] = field(default_factory=list)  # [start, end]; end = inf while held
+    busy: list[tuple[float, float, str]] = field(default_factory=list)
+    compute_s: float = 0.0
+
+
+def _overlap(start: float, end: float, t0: float, t1: float) -> float:
+    return max(0.0, min(end, t1) - max(start, t0))
+
+
+class DeviceLedger:
+    """Held and busy intervals of every device, priced (see the module docstring)."""
+
+    def __init__(self, prices: DevicePrices) -> None:
+        self.prices = prices
+        self._devices: dict[str, _Device] = {}
+
+    def hold(self, device: str, pool: Pool, at: float) -> None:
+        """Start renting ``device`` at ``at`` (its node is live)."""
+        if pool not in POOLS:
+            raise ValueError(f"pool must be one of {POOLS} (got {pool!r})")
+        entry = self._devices.setdefault(device, _Device(pool))
+        if entry.held and math.isinf(entry.held[-1][1]):
+            raise ValueError(f"device {device} is already held since {entry.held[-1][0]:.3f} s; release it first")
+        entry.held.append([at, math.inf])
+
+    def release(self, device: str, at: float) -> None:
+        """Stop renting ``device`` at ``at`` (its node is gone, or the run ended); idempotent."""
+        entry = self._devices.get(device)
+        if entry is not None and entry.held and math.isinf(entry.held[-1][1]):
+            entry.held[-1][1] = max(at, entry.held[-1][0])
+
+    def busy(self, device: str, start: float, end: float, phase: str, compute_s: float = 0.0) -> None:
+        """Record that ``device`` worked on ``phase`` from ``start`` to ``end``, ``compute_s`` of it in the model."""
+        entry = self._devices.get(device)
+        if entry is None:
+            raise ValueError(f"busy interval for device {device}, which was never held: call hold() first")
+        if end < start:
+            raise ValueError(f"busy interval of {device} ends before it starts ({start:.3f} > {end:.3f})")
+        entry.busy.append((start, end, phase))
+        entry.compute_s += compute_s
+
+    def is_held(self, device: str) -> bool:
+        entry = self._devices.get(device)
+        return entry is not None and bool(entry.held) and math.isinf(entry.held[-1][1])
+
+    def held_s(self, pool: Pool, t0: float, t1: float) -> float:
+        """Device-seconds rented in ``pool`` during [t0, t1)."""
+        return sum(_overlap(start, end, t0, t1) for entry in self._pool(pool) for start, end in entry.held)
+
+    def busy_s(self, pool: Pool, t0: float, t1: float, phase: str | None = None) -> float:
+        """Device-seconds busy in ``pool`` during [t0, t1) (only ``phase`` if given)."""
+        return sum(_overlap(start, end, t0, t1) for entry in self._pool(pool) for start, end, label in entry.busy
+                   if phase is None or label == phase)
+
+    def utilisation(self, pool: Pool, t0: float, t1: float) -> float:
+        """Busy / held device-seconds of ``pool`` in [t0, t1); NaN when nothing was held."""
+        held = self.held_s(pool, t0, t1)
+        return self.busy_s(pool, t0, t1) / held if held > 0 else math.nan
+
+    def dollars(self, pool: Pool, until: float) -> float:
+        """What ``pool`` cost from the start of the run to ``until``."""
+        return self.held_s(pool, 0.0, until) * self.prices.per_second(pool)
+
+    def compute_share(self, pool: Pool | None = None) -> float:
+        """Model-compute seconds / busy seconds over the whole run (NaN when nothing was busy)."""
+        entries = [entry for name in POOLS if pool in (None, name) for entry in self._pool(name)]
+        busy = sum(end - start for entry in entries for start, end, _ in entry.busy)
+        return sum(entry.compute_s for entry in entries) / busy if busy > 0 else math.nan
+
+    def _pool(self, pool: Pool) -> list[_Device]:
+        return [entry for entry in self._devices.values() if entry.pool == pool]

@@ -1,4 +1,4 @@
-"""Tests for spotlight.sim.prices: the packaged table, per-GPU prices, discounts and overrides."""
+"""Tests for spotlight.market.prices: the packaged table, per-GPU prices, discounts and overrides."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from spotlight.sim.prices import Offering, PriceError, load_prices, price_override, spot_discount
+from spotlight.market.prices import Offering, PriceError, load_prices, price_override, spot_discount
 
 # The Spotlight paper's price table, per hour of a whole machine: (on-demand, spot).
 PAPER = {

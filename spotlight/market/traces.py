@@ -243,6 +243,19 @@ def find_trace(name: str | os.PathLike[str]) -> Path:
                      "give a path to your own trace or one of those names")
 
 
+def resolve_trace(name: str, setting: str) -> Availability:
+    """Return the Availability of the trace a config ``setting`` names: a path, or a shipped trace's name.
+
+    A missing trace is a TraceError that starts with the setting (e.g. ``runtime.trace``), so the
+    user knows which line of which config to fix.
+    """
+    try:
+        path = find_trace(name)
+    except TraceError as error:
+        raise TraceError(f"{setting}: {error}") from None
+    return load_trace(path)
+
+
 def load_trace(path: str | os.PathLike[str], *, seed: int = 0) -> Availability:
     """Return the Availability recorded in a trace file, its format sniffed from the first line.
 

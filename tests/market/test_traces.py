@@ -1,4 +1,4 @@
-"""Tests for spotlight.sim.traces: parsing, the step function, transforms and synthetic traces."""
+"""Tests for spotlight.market.traces: parsing, the step function, transforms and synthetic traces."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spotlight.sim.traces import (
+from spotlight.market.traces import (
     Availability,
     NodeEvent,
     TraceError,
@@ -18,6 +18,7 @@ from spotlight.sim.traces import (
     find_trace,
     load_trace,
     poisson_trace,
+    resolve_trace,
 )
 
 
@@ -147,6 +148,14 @@ def test_a_path_is_used_as_given_before_the_shipped_traces(tmp_path: Path, monke
 def test_an_unknown_trace_name_is_one_line_naming_the_shipped_traces() -> None:
     with pytest.raises(TraceError, match=r"'nope\.csv'.*aws-p3-bamboo\.csv, gcp-a100x1-bamboo\.txt") as error:
         find_trace("nope.csv")
+    assert "\n" not in str(error.value)
+
+
+def test_a_trace_named_by_a_setting_loads_and_a_missing_one_names_the_setting(tmp_path: Path) -> None:
+    own = write(tmp_path, "own.csv", "0,add,a\n1000,add,b\n")
+    assert resolve_trace(str(own), "cluster.trace").counts.tolist() == load_trace(own).counts.tolist()
+    with pytest.raises(TraceError, match=r"^runtime\.trace: trace 'nope\.csv': no such file") as error:
+        resolve_trace("nope.csv", "runtime.trace")
     assert "\n" not in str(error.value)
 
 
