@@ -11,13 +11,34 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal, Protocol
 
 import torch
 
-from spotlight.config import TrainSection
 from spotlight.diffusion.steps import sde_step
 from spotlight.models.policy import Policy
 from spotlight.rl.loss import clipped_policy_loss, gaussian_step_kl
+
+
+class GRPOHyperparameters(Protocol):
+    """What `grpo_update` reads of the run's training section (``spotlight.config.TrainSection`` has all).
+
+    A protocol rather than the config class: the update is maths and imports no run configuration,
+    so a test or a benchmark passes any object with these fields.
+    """
+
+    @property
+    def timestep_fraction(self) -> float: ...
+    @property
+    def timestep_selection(self) -> Literal["random", "early"]: ...
+    @property
+    def num_minibatches(self) -> int: ...
+    @property
+    def clip_range(self) -> float: ...
+    @property
+    def kl_beta(self) -> float: ...
+    @property
+    def grad_clip(self) -> float: ...
 
 
 @dataclass
@@ -78,7 +99,7 @@ def grpo_update(
     reference: Policy | None,
     optimizer: torch.optim.Optimizer,
     batch: RolloutBatch,
-    config: TrainSection,
+    config: GRPOHyperparameters,
     generator: torch.Generator,
 ) -> dict[str, float]:
     """One GRPO iteration over a rollout batch; returns loss, KL, clip fraction and grad-norm means.

@@ -21,11 +21,30 @@ likelihood, no clip range and no KL scale to tune. It needs only the clean sampl
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
-from spotlight.config import TrainSection
 from spotlight.models.policy import Policy
 from spotlight.rl.grpo import RolloutBatch
+
+
+class NFTHyperparameters(Protocol):
+    """What `nft_update` reads of the run's training section (``spotlight.config.TrainSection`` has all);
+    a protocol so that the update imports no run configuration."""
+
+    @property
+    def num_epochs(self) -> int: ...
+    @property
+    def num_minibatches(self) -> int: ...
+    @property
+    def nft_timesteps(self) -> int: ...
+    @property
+    def nft_adv_scale(self) -> float: ...
+    @property
+    def nft_beta(self) -> float: ...
+    @property
+    def grad_clip(self) -> float: ...
 
 
 def optimality(advantages: torch.Tensor, scale: float) -> torch.Tensor:
@@ -58,7 +77,7 @@ def nft_update(
     old_model: Policy,
     optimizer: torch.optim.Optimizer,
     batch: RolloutBatch,
-    config: TrainSection,
+    config: NFTHyperparameters,
     generator: torch.Generator,
 ) -> dict[str, float]:
     """One NFT iteration over a rollout's clean samples; returns the mean loss, grad norm and sample counts.
