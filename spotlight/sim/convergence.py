@@ -49,9 +49,9 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from spotlight.config import Section
 from spotlight.explore.planner import ExplorePlan
 from spotlight.explore.selection import select_seeds
+from spotlight.schema import Section
 
 __all__ = [
     "ConvergenceConfig",

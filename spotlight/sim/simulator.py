@@ -58,12 +58,12 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from spotlight.config import ConfigError, Section
 from spotlight.explore.planner import ExplorationPlanner, ExplorePlan, PlannerConfig, round_budget
 from spotlight.market.billing import CostMeter, Phase, Usage
 from spotlight.market.pools import POOLS, Pool
 from spotlight.market.prices import Offering, PriceError, load_prices, price_override
 from spotlight.market.traces import Availability, resolve_trace
+from spotlight.schema import ConfigError, Section
 from spotlight.sim.convergence import ConvergenceConfig, SignalConfig, SignalModel, resolve_convergence
 from spotlight.sim.workload import (
     DeviceTimes,

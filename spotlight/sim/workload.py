@@ -68,7 +68,7 @@ from dataclasses import dataclass
 
 from pydantic import Field
 
-from spotlight.config import Section
+from spotlight.schema import Section
 
 __all__ = [
     "DeviceTimes", "IterationTimes", "MeasuredTimes", "WorkloadConfig", "describe", "device_times",
