@@ -12,7 +12,7 @@ from spotlight.disagg.samples import GenerationId, ScoredSample
 from spotlight.models.tinydit import TinyDiT
 from spotlight.tasks.shapes import tokenize
 
-PROMPTS = ["a red circle", "two blue squares", "a green circle above a yellow triangle"]
+PROMPTS = ["a red circle", "two blue squares", "a green circle above a yellow triangle", "a yellow square"]
 PLAN = SamplingPlan(num_steps=3, sampler="sde", noise_level=0.7)
 
 
