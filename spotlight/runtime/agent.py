@@ -43,7 +43,7 @@ from spotlight.models.tinydit import TinyDiTConfig
 from spotlight.runtime.queue import QueueClient, RemoteQueue, Request
 from spotlight.runtime.reconfigure import SPGroup, device_id, node_of
 from spotlight.runtime.sp_process import device_process_main
-from spotlight.tasks.shapes import tokenize
+from spotlight.tasks.registry import get_task
 
 __all__ = ["AgentError", "GroupBroken", "NodeAgent", "NodeAgentActor", "ServeReport"]
 
@@ -330,7 +330,7 @@ class NodeAgent:
             raise AgentError(f"no group {group_name} on {self.node_id}: form it with form_groups() first")
         members = self._member_indices(group)
         config = TinyDiTConfig(**self._config)  # type: ignore[arg-type]
-        tokens = tokenize([request.prompt], config.max_text_len)
+        tokens = get_task(config.task).tokenize([request.prompt], config.max_text_len)  # the weights' task
         args = (tokens, [request.seed], request.plan, latent[None], step)
         replies = self._command(members, "step", args, group=group_name)
         return replies[members[0]][0]

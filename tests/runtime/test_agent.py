@@ -7,6 +7,7 @@ the device processes, the sharding or the all-to-alls.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
 from spotlight.runtime.agent import AgentError, GroupBroken, NodeAgent
 from spotlight.runtime.queue import Request, RequestQueue
 from spotlight.runtime.reconfigure import plan_groups
+from spotlight.tasks import text
 
 CONFIG = TinyDiTConfig(image_size=16, patch_size=4, dim=64, depth=2, num_heads=4)  # 16 + 12 tokens
 PLAN = SamplingPlan(num_steps=6)
@@ -113,3 +115,15 @@ def test_groups_need_live_attached_devices_on_this_node(agent: NodeAgent) -> Non
     elsewhere = plan_groups({"n1": [0, 1]}, SP, CONFIG.num_heads, next_generation=60)
     with pytest.raises(AgentError, match="outside node n0"):
         agent.form_groups(elsewhere.formed)
+
+
+def test_prompts_go_through_the_tokenizer_of_the_task_the_weights_were_trained_for(agent: NodeAgent) -> None:
+    config = dataclasses.replace(CONFIG, task="ocr", vocab_size=len(text.VOCAB))  # the shapes tokenizer refuses OCR
+    model = randomised_tinydit(config, 2, 0.05)
+    agent.load_weights(config, model.state_dict())  # new shapes: every device process re-attaches
+    (group,) = agent.groups()
+    request = Request("r2", text.random_prompts(torch.Generator().manual_seed(0), 1)[0], 3, PLAN)
+    latent = initial_latents([request.seed], config.latent_shape)[0]
+    for step in range(PLAN.num_steps):
+        latent = agent.run_step(group.name, request, latent, step)
+    assert (latent - single_device(model, request)).abs().max().item() <= 1e-5
