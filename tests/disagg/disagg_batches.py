@@ -48,3 +48,16 @@ def scored_batch(model: TinyDiT, group_size: int = 4, version: int = 0, seed: in
 
 def twin(model: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(model)
+
+
+def score_by_brightness(final: torch.Tensor, members) -> list[tuple[float, bool]]:
+    """A deterministic stand-in reward for tests: the mean of each final latent (every score valid)."""
+    return [(float(row.mean()), True) for row in final]
+
+
+def batch_tokens() -> torch.Tensor:
+    return tokenize(PROMPTS, TINY_SHAPES_CONFIG.max_text_len)
+
+
+def batch_seeds(group_size: int) -> torch.Tensor:
+    return torch.arange(len(PROMPTS) * group_size).reshape(len(PROMPTS), group_size) + 500
