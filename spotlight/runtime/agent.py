@@ -4,7 +4,7 @@ A node agent outlives every SP group on its node. It
 
 - holds the current weights once, in shared memory (pinned as well when CUDA is present), and
   replaces them in place, so every device process that mapped them sees the new ones;
-- keeps one persistent process per device (`spotlight.runtime.sp_process`), plus optional warm
+- keeps one persistent process per device (`spotlight.runtime.device_processes`), plus optional warm
   spares: processes that have imported torch but hold no group, ready to stand in for a device
   process that crashed — the spare maps the shared weights instead of loading a checkpoint;
 - forms the SP groups the planner (`spotlight.runtime.reconfigure`) asks for. Each group's gloo
@@ -22,45 +22,26 @@ same class as a threaded Ray actor pinned to its node.
 from __future__ import annotations
 
 import datetime
-import os
-import signal
 import socket
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
 from typing import Any, Literal
 
 import numpy as np
 import ray
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from spotlight.diffusion.noise import initial_latents
 from spotlight.models.tinydit import TinyDiTConfig
+from spotlight.runtime.device_processes import AgentError, DeviceProcesses, GroupBroken
 from spotlight.runtime.queue import QueueClient, RemoteQueue, Request
 from spotlight.runtime.reconfigure import SPGroup, device_id, node_of
-from spotlight.runtime.sp_process import device_process_main
 from spotlight.tasks.registry import get_task
 
 __all__ = ["AgentError", "GroupBroken", "NodeAgent", "NodeAgentActor", "ServeReport"]
-
-START_TIMEOUT_S = 600.0  # generous: a nice-19 spawn on a busy 2-core machine took > 120 s
-
-
-class AgentError(RuntimeError):
-    """A command the agent cannot carry out; the message names the device or group and the fix."""
-
-
-class GroupBroken(AgentError):
-    """An SP group lost a member (its process died or a collective failed): re-plan and re-form it."""
-
-    def __init__(self, group: str, lost: Sequence[int], detail: str) -> None:
-        super().__init__(f"SP group {group} broke (lost devices {list(lost)}): {detail}")
-        self.group, self.lost = group, list(lost)
-
 
 def listening_store(host: str, timeout_s: float) -> dist.TCPStore:
     """A master TCPStore that listens on ``host`` only (127.0.0.1 for a single machine).
@@ -73,29 +54,6 @@ def listening_store(host: str, timeout_s: float) -> dist.TCPStore:
     port = listener.getsockname()[1]
     return dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
                          timeout=datetime.timedelta(seconds=timeout_s), master_listen_fd=listener.detach())
-
-
-@dataclass
-class _Device:
-    """One persistent process: a device (in service) or a warm spare."""
-
-    index: int
-    process: Any  # multiprocessing.Process (spawn context)
-    conn: Connection
-    spare: bool
-    attached: bool = False
-    pending: int = 0  # replies owed by the process (a command sent, its answer not read yet)
-    lost: bool = False
-
-    @property
-    def alive(self) -> bool:
-        return not self.lost and self.process.is_alive()
-
-    def mark_lost(self) -> None:
-        """Count the process as gone for good; kill it if it lingers (e.g. hung in a collective)."""
-        self.lost, self.pending = True, 0
-        if self.process.is_alive():
-            self.process.kill()
 
 
 @dataclass
@@ -144,55 +102,32 @@ class NodeAgent:
         self.node_id, self.host, self.num_threads = node_id, host, num_threads
         self.copy_weights, self.collective_timeout_s = copy_weights, collective_timeout_s
         self.store = listening_store(host, collective_timeout_s)
-        self._context = mp.get_context("spawn")
-        self._devices: dict[int, _Device] = {}
+        self._processes = DeviceProcesses(node_id, num_threads, collective_timeout_s)
         self._groups: dict[str, SPGroup] = {}
         self._config: dict[str, Any] | None = None
         self._weights: dict[str, torch.Tensor] = {}
         self._stop: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
-        self._next_index = 0
-        self._spawn(num_devices, spare=False)
-        self._spawn(num_spares, spare=True)
+        self._processes.spawn(num_devices, spare=False)
+        self._processes.spawn(num_spares, spare=True)
 
     # -- processes -----------------------------------------------------------------------------
-    def _spawn(self, count: int, spare: bool) -> list[int]:
-        """Start ``count`` processes and wait until each has imported torch; returns their indices."""
-        started = []
-        for _ in range(count):
-            index, self._next_index = self._next_index, self._next_index + 1
-            parent_conn, child_conn = self._context.Pipe()
-            process = self._context.Process(
-                target=device_process_main, args=(child_conn, device_id(self.node_id, index), self.num_threads),
-                daemon=True, name=f"spotlight-device-{self.node_id}-{index}",
-            )
-            process.start()
-            child_conn.close()
-            self._devices[index] = _Device(index, process, parent_conn, spare)
-            started.append(index)
-        for index in started:
-            device = self._devices[index]
-            if not device.conn.poll(START_TIMEOUT_S):
-                raise AgentError(f"device process {index} of {self.node_id} did not start in {START_TIMEOUT_S} s")
-            device.conn.recv()
-        return started
-
     def add_spares(self, count: int) -> list[int]:
         """Start ``count`` more warm spares (off the recovery path: after a spare was promoted)."""
         with self._lock:
-            return self._spawn(count, spare=True)
+            return self._processes.spawn(count, spare=True)
 
     def kill_device(self, index: int) -> None:
         """SIGKILL device ``index``'s process: how tests and benchmarks crash a group member."""
-        os.kill(self._device(index).process.pid, signal.SIGKILL)
+        self._processes.kill(index)
 
     def alive_devices(self) -> list[int]:
         """Indices of the device processes in service and alive (spares excluded)."""
-        return sorted(i for i, d in self._devices.items() if not d.spare and d.alive)
+        return self._processes.alive()
 
     def lost_devices(self) -> list[int]:
         """Indices of device processes that died and were not replaced yet."""
-        return sorted(i for i, d in self._devices.items() if not d.spare and not d.alive)
+        return self._processes.lost()
 
     def wait_for_loss(self, timeout_s: float) -> list[int]:
         """Block until a device process in service dies (or ``timeout_s`` passes); returns the lost indices.
@@ -200,14 +135,11 @@ class NodeAgent:
         Watches the processes' sentinels, so a crash is seen within milliseconds rather than at the
         next collective (which would first compute up to the all-to-all, then wait for gloo to notice).
         """
-        in_service = {d.process.sentinel: i for i, d in self._devices.items() if not d.spare and not d.lost}
-        for sentinel in wait(list(in_service), timeout=timeout_s):
-            self._devices[in_service[sentinel]].mark_lost()
-        return self.lost_devices()
+        return self._processes.wait_for_loss(timeout_s)
 
     def spares(self) -> list[int]:
         """Indices of live warm spares."""
-        return sorted(i for i, d in self._devices.items() if d.spare and d.alive)
+        return self._processes.spares()
 
     def replace_lost_devices(self) -> dict[int, int]:
         """Promote a warm spare for each lost device; returns {lost index: spare index}.
@@ -218,14 +150,14 @@ class NodeAgent:
         with self._lock:
             replaced = {}
             for lost, spare in zip(self.lost_devices(), self.spares(), strict=False):
-                device = self._devices[spare]
+                device = self._processes.devices[spare]
                 device.spare = False
                 if self._config is not None and not device.attached:
-                    self._command([spare], "attach", (self._config, self._weights, self.copy_weights))
+                    self._processes.command([spare], "attach", (self._config, self._weights, self.copy_weights))
                     device.attached = True
                 replaced[lost] = spare
             for lost in self.lost_devices():
-                self._devices.pop(lost).conn.close()
+                self._processes.forget(lost)
             return replaced
 
     # -- weights -------------------------------------------------------------------------------
@@ -253,12 +185,12 @@ class NodeAgent:
                 shared[name] = torch.empty_like(tensor, device="cpu").copy_(tensor).share_memory_()
                 _pin(shared[name])
             self._config, self._weights = config_dict, shared
-            for device in self._devices.values():
+            for device in self._processes.devices.values():
                 device.attached = False
-            in_service = [i for i, d in self._devices.items() if not d.spare and d.alive]
-            self._command(in_service, "attach", (self._config, self._weights, self.copy_weights))
+            in_service = self._processes.alive()
+            self._processes.command(in_service, "attach", (self._config, self._weights, self.copy_weights))
             for index in in_service:
-                self._devices[index].attached = True
+                self._processes.devices[index].attached = True
         return time.perf_counter() - started
 
     # -- groups --------------------------------------------------------------------------------
@@ -279,8 +211,9 @@ class NodeAgent:
                             "plan with cross_node=False for agent-local groups"
                         )
                     indices.append(int(member.rpartition("/")[2]))
-            not_ready = [i for i in indices if i not in self._devices or not self._devices[i].alive
-                         or not self._devices[i].attached or self._devices[i].spare]
+            devices = self._processes.devices
+            not_ready = [i for i in indices if i not in devices or not devices[i].alive or not devices[i].attached
+                         or devices[i].spare]
             if not_ready:
                 raise AgentError(
                     f"devices {not_ready} of {self.node_id} are dead, spares or without weights: plan groups "
@@ -290,10 +223,10 @@ class NodeAgent:
             for group in groups:
                 for rank, member in enumerate(group.members):
                     args = (group.name, rank, group.degree, self.host, self.store.port, self.collective_timeout_s)
-                    self._send(int(member.rpartition("/")[2]), "join", args)
+                    self._processes.send(int(member.rpartition("/")[2]), "join", args)
             seconds = {}
             for group in groups:
-                self._receive([int(m.rpartition("/")[2]) for m in group.members], "join", group.name)
+                self._processes.receive([int(m.rpartition("/")[2]) for m in group.members], "join", group.name)
                 seconds[group.name] = time.perf_counter() - started
                 self._groups[group.name] = group
                 self._stop[group.name] = threading.Event()
@@ -307,9 +240,10 @@ class NodeAgent:
                 self._stop.pop(name, None)
                 if group is None:
                     continue
-                members = [i for i in self._member_indices(group) if i in self._devices and self._devices[i].alive]
+                devices = self._processes.devices
+                members = [i for i in self._member_indices(group) if i in devices and devices[i].alive]
                 try:
-                    self._command(members, "leave", ())
+                    self._processes.command(members, "leave", ())
                 except AgentError:
                     pass  # a member that dies while leaving is a lost device; the planner sees it next
 
@@ -332,7 +266,7 @@ class NodeAgent:
         config = TinyDiTConfig(**self._config)  # type: ignore[arg-type]
         tokens = get_task(config.task).tokenize([request.prompt], config.max_text_len)  # the weights' task
         args = (tokens, [request.seed], request.plan, latent[None], step)
-        replies = self._command(members, "step", args, group=group_name)
+        replies = self._processes.command(members, "step", args, group=group_name)
         return replies[members[0]][0]
 
     def serve(
@@ -397,107 +331,15 @@ class NodeAgent:
 
     def shutdown(self) -> None:
         """Stop every device process (a node leaving on purpose)."""
-        for device in self._devices.values():
-            try:
-                device.conn.send(("exit", ()))
-            except (BrokenPipeError, OSError):
-                pass
-        for device in self._devices.values():
-            device.process.join(timeout=5)
-            if device.process.is_alive():
-                device.process.kill()
-        self._devices.clear()
+        self._processes.stop_all()
 
     def ready(self) -> str:
         """The node id, once the constructor (process start) is done."""
         return self.node_id
 
     # -- plumbing ------------------------------------------------------------------------------
-    def _device(self, index: int) -> _Device:
-        device = self._devices.get(index)
-        if device is None:
-            raise AgentError(f"no device {index} on {self.node_id}: choose among {sorted(self._devices)}")
-        return device
-
     def _member_indices(self, group: SPGroup) -> list[int]:
         return [int(member.rpartition("/")[2]) for member in group.members]
-
-    def _send(self, index: int, name: str, args: tuple[Any, ...]) -> None:
-        device = self._device(index)
-        self._drain(device)
-        try:
-            device.conn.send((name, args))
-        except (BrokenPipeError, OSError):
-            return  # the process is gone; _receive reports it as lost
-        device.pending += 1
-
-    def _drain(self, device: _Device) -> None:
-        """Read replies still owed by the process (e.g. a survivor's error after a broken step)."""
-        while device.pending and device.alive:
-            try:
-                if not device.conn.poll(self.collective_timeout_s + 5):
-                    device.mark_lost()  # hung in a collective beyond its own timeout
-                    break
-                device.conn.recv()
-                device.pending -= 1
-            except (EOFError, OSError):
-                device.mark_lost()
-        if not device.alive:
-            device.pending = 0
-
-    def _receive(self, indices: Sequence[int], name: str, group: str | None = None) -> dict[int, Any]:
-        """Each process's reply to command ``name``; raises `GroupBroken` / `AgentError` on failures."""
-        replies: dict[int, Any] = {}
-        errors: list[str] = []
-        lost: list[int] = []
-        waiting = {index: self._devices[index] for index in indices}
-        deadline = time.monotonic() + self.collective_timeout_s + 5
-        while waiting:
-            handles = {d.conn: i for i, d in waiting.items()} | {d.process.sentinel: i for i, d in waiting.items()}
-            ready = wait(list(handles), timeout=max(0.0, deadline - time.monotonic()))
-            if not ready:
-                for index, device in waiting.items():
-                    errors.append(f"device {index} did not answer {name} in time")
-                    device.mark_lost()
-                    lost.append(index)
-                break
-            for handle in ready:
-                index = handles[handle]
-                device = waiting.pop(index, None)
-                if device is None:
-                    continue
-                try:
-                    status, value = device.conn.recv() if device.conn.poll() else ("dead", None)
-                except (EOFError, OSError):
-                    status = "dead"
-                if status == "dead":
-                    device.mark_lost()
-                    lost.append(index)
-                    errors.append(f"device {index} died during {name}")
-                    continue
-                device.pending -= 1
-                if status == "ok":
-                    replies[index] = value
-                else:
-                    errors.append(value)
-        dead = sorted(set(lost) | {i for i in indices if not self._devices[i].alive})
-        if errors or dead:
-            detail = errors[0] if errors else f"devices {dead} died"
-            if group is not None:
-                raise GroupBroken(group, dead, detail)
-            raise AgentError(f"{self.node_id}: {name} failed: {detail}")
-        return replies
-
-    def _command(
-        self, indices: Sequence[int], name: str, args: tuple[Any, ...], group: str | None = None
-    ) -> dict[int, Any]:
-        """Send ``name`` to every process in ``indices`` at once, then collect every reply."""
-        dead = [i for i in indices if not self._device(i).alive]
-        if dead and group is not None:
-            raise GroupBroken(group, dead, "member process is not running")
-        for index in indices:
-            self._send(index, name, args)
-        return self._receive(indices, name, group)
 
 
 NodeAgentActor = ray.remote(max_concurrency=8)(NodeAgent)
