@@ -33,7 +33,8 @@ from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.generation import generate
 from spotlight.market.traces import default_trace_dir, load_trace
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
-from spotlight.runtime.elastic_sp import ElasticSPSettings, LocalSpotNodes, run_elastic_sp
+from spotlight.runtime.elastic_sp import ElasticSPSettings, run_elastic_sp
+from spotlight.runtime.local_spot_nodes import LocalSpotNodes
 from spotlight.runtime.preemption import TraceReplay
 from spotlight.runtime.queue import Request, start_queue_actor
 from spotlight.runtime.worker import model_weights

@@ -6,16 +6,16 @@ loses a device, carries the plan out (stop and dissolve only the groups that bro
 ones) and keeps every group serving the `RequestQueue`. Every reconfiguration is appended to a
 JSONL log: when, why, the old and the new groups, and how long it took.
 
-Where nodes come from is a `NodeProvider`: `LocalSpotNodes` adds and removes logical Ray nodes of
-a local ``ray.cluster_utils.Cluster`` as a spot trace says; on a real cluster the provider is the
-autoscaler and only ``start_agent`` is needed. `run_elastic_sp` drives a whole run from a
-`TraceReplay` and is what a training loop calls to have a batch of requests denoised.
+Where nodes come from is a `NodeProvider`: `spotlight.runtime.local_spot_nodes.LocalSpotNodes` adds
+and removes logical Ray nodes of a local ``ray.cluster_utils.Cluster`` as a spot trace says; on a
+real cluster the provider is the autoscaler and only ``start_agent`` is needed. `run_elastic_sp`
+drives a whole run from a `TraceReplay` and is what a training loop calls to have a batch of
+requests denoised.
 """
 
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,12 +25,11 @@ from typing import Any, Protocol
 import ray
 
 from spotlight.models.tinydit import TinyDiTConfig
-from spotlight.runtime.agent import NodeAgentActor, ServeReport
+from spotlight.runtime.agent import ServeReport
 from spotlight.runtime.preemption import TraceReplay
 from spotlight.runtime.reconfigure import PlanDiff, SPGroup, plan_groups
 
-__all__ = ["ElasticSP", "ElasticSPReport", "ElasticSPSettings", "LocalSpotNodes", "NodeProvider", "run_elastic_sp",
-           "serve_until_drained"]
+__all__ = ["ElasticSP", "ElasticSPReport", "ElasticSPSettings", "NodeProvider", "run_elastic_sp", "serve_until_drained"]
 
 
 @dataclass(frozen=True)
@@ -64,46 +63,6 @@ class NodeProvider(Protocol):
     def start_agent(self, node_id: str, settings: ElasticSPSettings) -> Any: ...
 
     def remove(self, node_id: str) -> None: ...
-
-
-class LocalSpotNodes:
-    """Logical spot nodes of a local Ray cluster: each node is a raylet with its own custom resource.
-
-    Each incarnation of a node gets a fresh resource name (``spot_<id>_<n>``): a node removed without
-    grace stays "alive" in Ray until its health check fails, and an agent for the node's next
-    incarnation must never be scheduled onto that dead raylet.
-    """
-
-    def __init__(self, cluster: Any, cpus_per_node: int = 1) -> None:
-        self.cluster, self.cpus_per_node = cluster, cpus_per_node
-        self._nodes: dict[str, Any] = {}
-        self._incarnations = 0
-        self._lock = threading.Lock()  # `crash` comes from another thread than the controller's calls
-
-    def start_agent(self, node_id: str, settings: ElasticSPSettings) -> Any:
-        """Add the Ray node (without waiting for it) and start its agent pinned there; returns the handle."""
-        self.remove(node_id)  # a node that crashed and is started again
-        with self._lock:
-            self._incarnations += 1
-            resource = f"spot_{node_id}_{self._incarnations}"
-            self._nodes[node_id] = self.cluster.add_node(
-                wait=False, num_cpus=self.cpus_per_node, resources={"spot": 1, resource: 1}
-            )
-        return NodeAgentActor.options(num_cpus=0, resources={resource: 0.01}).remote(
-            node_id, settings.devices_per_node, num_threads=settings.num_threads,
-            collective_timeout_s=settings.collective_timeout_s,
-        )
-
-    def remove(self, node_id: str) -> None:
-        """Kill the node's processes at once (a spot node taken away when its deadline passes)."""
-        with self._lock:
-            node = self._nodes.pop(node_id, None)
-            if node is not None:
-                self.cluster.remove_node(node, allow_graceful=False)
-
-    def crash(self, node_id: str) -> None:
-        """Kill the node without telling the controller: how a run emulates a node that dies without notice."""
-        self.remove(node_id)
 
 
 @dataclass
