@@ -84,7 +84,10 @@ from provenance import REPO, RESULTS, git_commit, machine
 
 from spotlight.config import TrainConfig, load_config, parse_config
 from spotlight.market.traces import Availability, resolve_trace
-from spotlight.sim.simulator import SimConfig, SimResult, SpotTimeline, simulate
+from spotlight.sim.results import SimResult
+from spotlight.sim.sim_config import SimConfig
+from spotlight.sim.simulator import simulate
+from spotlight.sim.spot_timeline import SpotTimeline
 
 TOLERANCE = 0.15
 TOLERANCED = ("loop_s", "util_spot", "util_on_demand", "util_spot_train_phase")  # the targets

@@ -26,8 +26,11 @@ from provenance import REPO, RESULTS, git_commit, machine
 from spotlight.config import load_config
 from spotlight.market.prices import load_prices
 from spotlight.market.traces import Availability, default_trace_dir, load_trace
+from spotlight.sim.cluster_mix import cheapest_mix, price_sources
 from spotlight.sim.convergence import fit_convergence, load_measured_points
-from spotlight.sim.simulator import MODES, SimConfig, SimResult, cheapest_mix, price_sources, simulate
+from spotlight.sim.results import SimResult
+from spotlight.sim.sim_config import SIMULATED_MODES, SimConfig
+from spotlight.sim.simulator import simulate
 from spotlight.sim.workload import describe
 
 MEASURED = RESULTS / "time_to_target.json"  # when the config names no convergence.measured
@@ -50,7 +53,7 @@ def with_fields(config: SimConfig, **sections: dict[str, Any]) -> SimConfig:
 
 
 def run_modes(config: SimConfig, trace: Availability) -> dict[str, SimResult]:
-    return {mode: simulate(with_fields(config, mode=mode), trace=trace) for mode in MODES}
+    return {mode: simulate(with_fields(config, mode=mode), trace=trace) for mode in SIMULATED_MODES}
 
 
 def ratios(results: dict[str, SimResult]) -> dict[str, dict[str, float]]:

@@ -234,7 +234,7 @@ def simulate(
     """Simulate the loop at cluster scale: time, dollars and utilisation to target for each mode."""
     import json
 
-    from spotlight.sim.simulator import SimConfig
+    from spotlight.sim.sim_config import SimConfig
     from spotlight.sim.simulator import simulate as run_simulation
 
     try:
@@ -264,7 +264,8 @@ def plan(
     set_: SetOption = None,
 ) -> None:
     """Sweep cluster mixes (on-demand x spot x price source) and print the cheapest that meets a deadline."""
-    from spotlight.sim.simulator import SimConfig, cheapest_mix
+    from spotlight.sim.cluster_mix import cheapest_mix
+    from spotlight.sim.sim_config import SimConfig
 
     try:
         sweep = cheapest_mix(deadline_hours * 3600.0, load_config(SimConfig, config, set_))

@@ -1,5 +1,5 @@
-"""Tests for spotlight.sim.simulator: the spot timeline's arithmetic, phase times and costs by hand,
-preemption overheads, the runtime planner's inputs, the modes against each other, the mix sweep and speed."""
+"""Tests for spotlight.sim.simulator: phase times and costs by hand, preemption overheads, the runtime
+planner's inputs, the modes against each other, configuration errors and speed."""
 
 from __future__ import annotations
 
@@ -7,12 +7,15 @@ import math
 import time
 
 import pytest
+from small_sims import STEADY, small, trace_of
 
 from spotlight.config import ConfigError, parse_config
 from spotlight.explore.planner import Decision, ExplorationPlanner
-from spotlight.market.prices import load_prices
-from spotlight.market.traces import Availability, NodeEvent, poisson_trace
-from spotlight.sim.simulator import SimConfig, SpotTimeline, cheapest_mix, price_sources, simulate
+from spotlight.market.traces import poisson_trace
+from spotlight.modes import Mode
+from spotlight.sim.sim_config import SimConfig
+from spotlight.sim.simulator import simulate
+from spotlight.sim.spot_timeline import SpotTimeline
 from spotlight.sim.workload import IterationTimes
 
 # Independent of the workload module: Qwen-Image at 1280², one guided step = 2 forwards of
@@ -21,70 +24,6 @@ FLOPS = 88_712_549_498_880 + 31_419_027_947_520
 STEP_S = 2 * FLOPS / (0.40 * 989e12)  # 0.607 s, one device, one sample
 TRAIN_SAMPLE_S = 10 * 4 * 2 * FLOPS / (0.40 * 989e12)  # 10 steps · (fwd+bwd + reference) · CFG
 ON_DEMAND, SPOT = 55.04 / 8, 14.24 / 8  # p5.48xlarge $/GPU-hour
-
-
-def trace_of(events: list[tuple[float, str, str]], duration_s: float) -> Availability:
-    return Availability(tuple(NodeEvent(t, kind, node) for t, kind, node in events), duration_s)
-
-
-STEADY = trace_of([(0.0, "add", "a"), (0.0, "add", "b")], 1e6)  # two nodes, never preempted
-
-
-def small(mode: str, on_demand: int = 4, spot: int = 2, iterations: float = 5, **cluster: object) -> SimConfig:
-    """4 prompts × 4 samples on a handful of devices: fast, and every number is hand-checkable."""
-    return parse_config(SimConfig, {
-        "mode": mode,
-        "cluster": {"on_demand_devices": on_demand, "spot_devices": spot, **cluster},
-        "loop": {"prompts_per_iteration": 4, "group_size": 4, "max_iterations": 60},
-        "planner": {"num_candidates": [4, 8, 16], "num_steps": [2, 4, 8]},
-        "convergence": {"vanilla_iterations": iterations},
-    })
-
-
-# --- the spot timeline -----------------------------------------------------------------------
-
-
-def test_timeline_integrates_the_live_count_and_replays_the_trace() -> None:
-    trace = trace_of([(0, "add", "a"), (0, "add", "b"), (10, "remove", "b"), (30, "add", "b")], 40.0)
-    spot = SpotTimeline(trace, spot_devices=2, time_scale=1.0, sp_degree=1)
-    assert [spot.live_at(t) for t in (0, 9.9, 10, 29, 30, 39)] == [2, 2, 1, 1, 2, 2]
-    assert spot.live_device_seconds(0, 40) == pytest.approx(2 * 10 + 1 * 20 + 2 * 10)
-    assert spot.live_device_seconds(0, 120) == pytest.approx(3 * 60)
-    assert spot.live_at(55.0) == spot.live_at(15.0) == 1
-    assert spot.events(0, 40) == {"removed": 1, "groups_hit": 1, "removal_points": 1,
-                                  "usable_after_removal": 1, "added": 1}
-    assert spot.events(40, 80)["removed"] == 1  # the replay preempts again at 50
-
-
-def test_the_replay_jump_from_the_last_count_to_the_first_is_an_event() -> None:
-    trace = trace_of([(0, "add", "a"), (0, "add", "b"), (10, "remove", "b")], 40.0)
-    spot = SpotTimeline(trace, spot_devices=2, time_scale=1.0, sp_degree=1)
-    assert spot.events(0, 40)["added"] == 0  # the start is no event
-    assert spot.events(0, 40.5)["added"] == 1  # back to 2 at t = 40
-
-
-def test_timeline_maps_the_trace_peak_onto_the_pool_and_counts_whole_sp_groups() -> None:
-    trace = trace_of([(0, "add", n) for n in "abcd"] + [(5, "remove", "a")], 100.0)
-    spot = SpotTimeline(trace, spot_devices=8, time_scale=2.0, sp_degree=4)
-    assert spot.live_at(0) == 8 and spot.usable_at(0) == 8
-    assert spot.live_at(9.9) == 8 and spot.live_at(10.0) == 6  # 5 s × time scale 2
-    assert spot.usable_at(10.0) == 4
-    assert spot.events(0, 20)["groups_hit"] == 1  # 2 devices of one machine-local group of 4
-
-
-def test_time_to_capacity_by_hand() -> None:
-    trace = trace_of([(0, "add", "a"), (0, "add", "b"), (10, "remove", "b")], 40.0)
-    spot = SpotTimeline(trace, spot_devices=2, time_scale=1.0, sp_degree=1)
-    # Rate 1 + 2 = 3 until t = 10 (30 done), then 1 + 1 = 2: 10 more take 5 s.
-    assert spot.time_to_capacity(0.0, 40.0, od_rate=1.0, spot_rate=1.0) == pytest.approx(15.0)
-    # Spot alone, from t = 20: 1 device until 40, then 2 (replay) — 30 of work ends at 25 + 20 = 45.
-    assert spot.time_to_capacity(20.0, 30.0, od_rate=0.0, spot_rate=1.0) == pytest.approx(45.0)
-    assert spot.time_to_capacity(0.0, 1e4, od_rate=0.0, spot_rate=1.0) == pytest.approx(40.0 * 1e4 / 50.0)
-
-
-def test_an_empty_spot_pool_never_finishes_spot_work() -> None:
-    spot = SpotTimeline(STEADY, spot_devices=0, time_scale=1.0, sp_degree=1)
-    assert spot.time_to_capacity(0.0, 1.0, od_rate=0.0, spot_rate=1.0) == math.inf
 
 
 # --- phase times and costs by hand ----------------------------------------------------------------
@@ -229,6 +168,14 @@ def test_plans_smaller_than_the_group_are_refused_at_load() -> None:
         parse_config(SimConfig, {"planner": {"num_candidates": [8, 16]}})
 
 
+def test_a_mode_without_a_cluster_is_refused_at_load_and_at_run() -> None:
+    with pytest.raises(ConfigError, match=r"mode stale-explore is not simulated .*vanilla, spot-rollout"):
+        parse_config(SimConfig, {"mode": "stale-explore"})
+    bypassed = small("vanilla").model_copy(update={"mode": Mode.STALE_EXPLORE})  # model_copy skips validators
+    with pytest.raises(ConfigError, match=r"mode stale-explore is not simulated"):
+        simulate(bypassed, trace=STEADY)
+
+
 def test_unknown_instance_and_missing_price_name_the_field() -> None:
     with pytest.raises(ConfigError, match=r"cluster.spot_instance: unknown instance 'p9'; known: "):
         simulate(small("spotlight", spot_instance="p9"), trace=STEADY)
@@ -241,29 +188,6 @@ def test_an_sp_group_larger_than_the_on_demand_pool_is_refused() -> None:
     config = config.model_copy(update={"workload": config.workload.model_copy(update={"sp_degree": 4})})
     with pytest.raises(ConfigError, match=r"on_demand_devices \(2\) is below workload.sp_degree \(4\)"):
         simulate(config, trace=STEADY)
-
-
-# --- which cluster to rent ---------------------------------------------------------------------------
-
-
-def test_price_sources_pair_machines_of_one_provider() -> None:
-    sources = price_sources(load_prices())
-    assert ("p5.48xlarge", "p5.4xlarge") in sources
-    assert ("p5.48xlarge", "a3-highgpu-8g") not in sources
-    assert all(od != "p5.4xlarge" for od, _ in sources)  # it has no on-demand price
-
-
-def test_cheapest_mix_is_the_cheapest_row_that_meets_the_deadline() -> None:
-    base = small("spotlight", iterations=3)
-    sources = [("p5.48xlarge", "p5.48xlarge"), ("a3-highgpu-8g", "a3-highgpu-8g")]
-    sweep = cheapest_mix(1e6, base, (4, 8), (0, 4), sources, trace=STEADY)
-    assert len(sweep.rows) == 8 and all(row.meets_deadline for row in sweep.rows)
-    assert sweep.best == min(sweep.rows, key=lambda row: row.dollars_to_target)
-    assert sweep.best.on_demand_instance == "p5.48xlarge"  # the cheaper provider at every size
-    fastest = min(row.time_to_target_s for row in sweep.rows)
-    tight = cheapest_mix(fastest * 1.0001, base, (4, 8), (0, 4), sources, trace=STEADY)
-    assert tight.best is not None and tight.best.time_to_target_s == fastest
-    assert cheapest_mix(fastest / 2, base, (4, 8), (0, 4), sources, trace=STEADY).best is None
 
 
 # --- speed --------------------------------------------------------------------------------------------
