@@ -52,11 +52,13 @@ class BubbleTimings:
 
 @dataclass(frozen=True)
 class QueueState:
-    """The batch at the bubble: unstarted fragments, and per generator the seconds until it is free
-    (its fragment in flight then becomes trainable; 0 = idle)."""
+    """The batch at the bubble: unstarted fragments, per generator the seconds until it is free (its
+    fragment in flight then becomes trainable; 0 = idle), and the seconds before any generator may start
+    a fragment (waiting for the weights to be published; 0 = now)."""
 
     fragments_left: int
     generator_free_in_s: tuple[float, ...]
+    generators_blocked_for_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -73,10 +75,11 @@ class BubblePolicy:
         if queue.fragments_left <= 0:
             return 0
         free = tuple(sorted(round(t / self.resolution_s) for t in queue.generator_free_in_s))
-        baseline = rest_of_step_s(queue.fragments_left, 0, free, self.resolution_s, self.timings)
+        blocked = round(queue.generators_blocked_for_s / self.resolution_s)
+        baseline = rest_of_step_s(queue.fragments_left, 0, free, self.resolution_s, self.timings, blocked)
         best_k, best = 0, baseline
         for k in range(1, min(self.max_fragments, queue.fragments_left) + 1):
-            finish = rest_of_step_s(queue.fragments_left, k, free, self.resolution_s, self.timings)
+            finish = rest_of_step_s(queue.fragments_left, k, free, self.resolution_s, self.timings, blocked)
             if finish < best and baseline - finish > self.min_gain_s:
                 best_k, best = k, finish
         return best_k
@@ -84,14 +87,15 @@ class BubblePolicy:
 
 @lru_cache(maxsize=4096)
 def rest_of_step_s(fragments_left: int, k: int, generator_free_ticks: tuple[int, ...], resolution_s: float,
-                   timings: BubbleTimings) -> float:
+                   timings: BubbleTimings, blocked_ticks: int = 0) -> float:
     """Seconds until the last fragment of the step is trained if the trainer generates k of the unstarted ones.
 
     ``generator_free_ticks``: each generator's free time in ``resolution_s`` ticks; a generator that
-    is busy (ticks > 0) is finishing a fragment that becomes trainable then.
+    is busy (ticks > 0) is finishing a fragment that becomes trainable then. No generator starts a
+    fragment before ``blocked_ticks`` (the weights are still on their way); the trainer already has them.
     """
     ready = [ticks * resolution_s for ticks in generator_free_ticks if ticks > 0]
-    free = [ticks * resolution_s for ticks in generator_free_ticks]
+    free = [max(ticks, blocked_ticks) * resolution_s for ticks in generator_free_ticks]
     heapq.heapify(free)
     if not free and fragments_left - k > 0:
         raise ValueError("no generator can take the fragments the trainer leaves: give the queue ≥ 1 generator")

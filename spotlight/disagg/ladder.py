@@ -145,7 +145,8 @@ class _Run:
                 next_ready = max(known.values()) if len(known) == self.config.batch.prompts else math.inf
             tf = self.trainer_free
             train_t = max(tf, next_ready)
-            bubble = (self.rung.tag != "off" and unstarted and next_ready > tf and tf >= gate and declined_at != tf)
+            # the trainer holds θ_b from its last commit on, so TAG may start before the publish reaches the generators
+            bubble = self.rung.tag != "off" and unstarted and next_ready > tf and declined_at != tf
             tag_t = tf if bubble else math.inf
             now = min(gen_t, train_t, tag_t)
             if now == math.inf:
@@ -158,7 +159,7 @@ class _Run:
                 self.generator_busy += self.unit_s
                 ready[unit.index] = done + self.config.costs.reward_latency_s
             elif tag_t == now:
-                k = self._tag_fragments(tf, unstarted)
+                k = self._tag_fragments(tf, gate, unstarted)
                 if k == 0:
                     declined_at = tf
                     continue
@@ -180,11 +181,11 @@ class _Run:
         self.commits.append(commit)
         self.published[b + 1] = commit + self.costs.publish_s
 
-    def _tag_fragments(self, now: float, unstarted: deque) -> int:
+    def _tag_fragments(self, now: float, gate: float, unstarted: deque) -> int:
         if self.rung.tag == "coarse":
             return min(len(unstarted), self.trainers)
         free_in = tuple(max(free - now, 0.0) for free in self.generator_free)
-        return self.policy.fragments_for_trainer(QueueState(len(unstarted), free_in))
+        return self.policy.fragments_for_trainer(QueueState(len(unstarted), free_in, max(gate - now, 0.0)))
 
     def result(self) -> RungResult:
         warm = self.config.batch.warmup_batches

@@ -65,3 +65,13 @@ def test_unprofiled_timings_are_refused():
     with pytest.raises(ValueError, match="profile it first"):
         BubbleTimings(fragment_on_generator_s=0.0, fragment_on_trainer_s=1.0, train_fragment_s=1.0,
                       offload_restore_s=0.0)
+
+
+def test_generators_waiting_for_weights_make_tag_worth_more():
+    # the trainer holds the new weights at its commit; generators wait 3 s for the publish
+    t = timings(offload_s=0.5)
+    waiting = rest_of_step_s(4, 0, (0, 0), 1e-3, t, blocked_ticks=3000)
+    assert waiting == pytest.approx(3.0 + brute_force_finish(4, 0, 2, t))
+    policy = BubblePolicy(t, max_fragments=4)
+    assert policy.fragments_for_trainer(QueueState(4, (0.0, 0.0), generators_blocked_for_s=3.0)) >= \
+        policy.fragments_for_trainer(QueueState(4, (0.0, 0.0)))
