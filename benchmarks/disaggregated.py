@@ -67,7 +67,8 @@ def simulate(config_path: Path) -> dict:
 def print_setting(result: dict) -> None:
     s = result["setting"]
     print(f"\n{s['model']}, {s['devices']} H100, {s['sampling_steps']} steps, {s['trained_fraction']:.0%} trained;"
-          f" overlap ceiling {result['overlap_ceiling']:.2f}")
+          f" overlap ceiling {result['overlap_ceiling']:.2f}; perfect overlap over the split alone "
+          f"{result['perfect_overlap_vs_split']:.2f}")
     print(f"  {'rung':24s} {'samples/s':>9s} {'step s':>7s} {'gen/train dev':>13s} {'gen util':>8s} "
           f"{'train util':>10s} {'TAG units':>9s} {'x coloc':>7s} {'x split':>7s}")
     for r in result["rungs"]:

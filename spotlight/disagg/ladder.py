@@ -16,8 +16,10 @@ generators after each step. The rungs switch on, cumulatively:
 - async: generators may start batch b with θ_{b-1} (`VersionGate`), so generation of batch b
   overlaps the update of batch b-1.
 
-A side rung ``coarse TAG`` lets the trainer take a whole round (one unit per trainer device) at
-every bubble, regardless of the timings, as the independent reproduction's coarse TAG did.
+Two side rungs: ``GAP + async`` (no TSP, no TAG), the combination the independent reproduction
+measured; and ``coarse TAG``, in place of the + TAG/BTS rung, where the trainer generates a whole
+round (one unit per trainer device) at the start of every step whether or not it pays: what the
+reproduction's coarse TAG did, as far as "generated a whole extra round" says (inferred).
 
 The trainer is data parallel over whole samples: a chunk of s samples takes ceil(s / N_t) sample
 trainings, so a chunk smaller than N_t leaves devices idle (GAP's cost, which TSP does not remove).
@@ -56,7 +58,10 @@ RUNGS = (
     Rung("+ TAG/BTS", gap=True, tsp=True, tag="bts"),
     Rung("+ async", gap=True, tsp=True, tag="bts", async_one_step=True),
 )
-COARSE_TAG = Rung("coarse TAG (side rung)", gap=True, tsp=True, tag="coarse")
+SIDE_RUNGS = (
+    Rung("GAP + async (side)", gap=True, async_one_step=True),
+    Rung("coarse TAG (side)", gap=True, tsp=True, tag="coarse"),
+)
 
 
 @dataclass(frozen=True)
@@ -134,6 +139,7 @@ class _Run:
         ready: dict[int, float] = {}  # unit -> scored time
         trained: set[int] = set()
         declined_at = None
+        coarse_round = self.rung.tag == "coarse"
         group_size = self.config.batch.group_size
         while len(trained) < self.config.batch.prompts:
             gen_t = max(min(self.generator_free), gate) if unstarted else math.inf
@@ -146,7 +152,8 @@ class _Run:
             tf = self.trainer_free
             train_t = max(tf, next_ready)
             # the trainer holds θ_b from its last commit on, so TAG may start before the publish reaches the generators
-            bubble = self.rung.tag != "off" and unstarted and next_ready > tf and declined_at != tf
+            bubble = self.rung.tag == "bts" and unstarted and next_ready > tf and declined_at != tf
+            bubble = bubble or (coarse_round and bool(unstarted))
             tag_t = tf if bubble else math.inf
             now = min(gen_t, train_t, tag_t)
             if now == math.inf:
@@ -160,6 +167,7 @@ class _Run:
                 ready[unit.index] = done + self.config.costs.reward_latency_s
             elif tag_t == now:
                 k = self._tag_fragments(tf, gate, unstarted)
+                coarse_round = False
                 if k == 0:
                     declined_at = tf
                     continue
@@ -247,12 +255,17 @@ def ladder(config: LadderConfig, model: str, devices: int, sampling_steps: int, 
     """Every rung of one setting, with ratios to colocated and to the split-alone rung, and the overlap ceiling."""
     base = colocated(config, model, devices, sampling_steps, fraction)
     rungs = [base] + [disaggregated(config, rung, model, devices, sampling_steps, fraction)
-                      for rung in (*RUNGS, COARSE_TAG)]
+                      for rung in (*RUNGS, *SIDE_RUNGS)]
     split = rungs[1]
     asynchronous = next(r for r in rungs if r.name == "+ async")
+    costs = step_costs(config.models[model], config.hardware, config.costs, sampling_steps, fraction, devices)
+    batch = config.batch.prompts * config.batch.group_size
+    perfect_step = batch * (costs.generate_sample_s + costs.train_sample_s(False, 1)) / devices
     return {
         "setting": {"model": model, "devices": devices, "sampling_steps": sampling_steps, "trained_fraction": fraction},
         "overlap_ceiling": overlap_ceiling(config, model, devices, sampling_steps, fraction),
+        # every device busy all the time at the ideal split, no TSP: what overlap alone can give over the split
+        "perfect_overlap_vs_split": split.step_s / perfect_step,
         "rungs": [{**r.__dict__, "vs_colocated": r.samples_per_s / base.samples_per_s,
                    "vs_disaggregated": r.samples_per_s / split.samples_per_s} for r in rungs],
         "spotlight": spotlight_rung(config, asynchronous, model, devices, sampling_steps, fraction).__dict__,

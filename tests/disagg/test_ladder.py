@@ -90,3 +90,13 @@ def test_a_grid_naming_an_undefined_model_is_refused():
     with pytest.raises(ValidationError, match="grid.models names"):
         LadderConfig(models={"m": MODEL}, grid=Grid(models=["other"], devices=[8], sampling_steps=[10],
                                                     trained_fraction=[0.5]))
+
+
+def test_a_coarse_round_of_tag_every_step_costs_throughput_where_bts_declines():
+    c = config(reward_latency_s=0.0)
+    bts = Rung("bts", gap=True, tsp=True, tag="bts")
+    coarse = Rung("coarse", gap=True, tsp=True, tag="coarse")
+    # training-bound (2 trainer devices of 8, every timestep trained): BTS generates nothing, coarse TAG a round a step
+    declined, forced = (at_split(c, rung, "large", 8, 10, 1.0, generators=6) for rung in (bts, coarse))
+    assert declined.tag_units_per_step == 0 and forced.tag_units_per_step >= 1
+    assert forced.samples_per_s < declined.samples_per_s
