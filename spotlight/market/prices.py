@@ -127,7 +127,7 @@ def price_override(
     required fields. Unless the override names them, `source` says which fields were overridden
     over which source, `date` becomes "not given" and `note` is cleared, so a changed price never
     claims the paper as its source. `where` is the config path used in errors, e.g.
-    "sim.prices['p5.48xlarge'].spot_per_hour: Input should be greater than or equal to 0 (got -1)".
+    "cluster.price_overrides['p5.48xlarge'].spot_per_hour: Input should be greater than or equal to 0 (got -1)".
     """
     merged = dict(prices)
     for instance, fields in (overrides or {}).items():
