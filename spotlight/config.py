@@ -13,6 +13,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from spotlight.explore.planner import PlannerConfig
+from spotlight.models.policy_section import PolicySection
 from spotlight.modes import Mode
 from spotlight.runtime.cores import available_cores, check_cores
 from spotlight.runtime.settings import RuntimeSection
@@ -146,6 +147,7 @@ class TrainConfig(Section):
     reward: RewardSection = RewardSection()
     eval: EvalSection = EvalSection()
     runtime: RuntimeSection = RuntimeSection()
+    model: PolicySection = PolicySection()  # tinydit (base_checkpoint) or a tiny diffusers family with LoRA
 
     def device_core(self, device: int) -> int | None:
         """The core of device ``device`` (0: the trainer / on-demand device, k + 1: spot device k); None: unpinned."""

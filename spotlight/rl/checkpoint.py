@@ -1,5 +1,10 @@
 """Checkpoints: weights in safetensors, loop state in JSON, optimizer and RNG in a weights-only torch file.
 
+The weights of a policy are its ``broadcast_state()`` and its ``describe()`` JSON (``model.json``):
+every weight of a TinyDiT, but only the LoRA matrices of a diffusers policy, whose ``model.json``
+names its base (a pretrained folder, or the tiny config and ``init_seed`` it is drawn from), so a
+LoRA run's checkpoints stay a few hundred kilobytes however large the base.
+
 A checkpoint is a directory. It is written under a temporary name, every file fsynced and listed with
 its checksum (`spotlight.rl.manifest`), and renamed into place; the ``latest`` pointer is replaced
 atomically after it. A run killed at any moment leaves either the previous checkpoint or the new one,
@@ -23,7 +28,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
+from spotlight.models.policy import Policy
+from spotlight.models.rebuild import policy_from_description
 from spotlight.rl.manifest import MANIFEST_FILE, fsync_dir, manifest_problem, write_manifest, write_text_durably
 
 logger = logging.getLogger(__name__)
@@ -36,27 +42,27 @@ class CheckpointError(FileNotFoundError):
     """A checkpoint that is missing or unreadable; the message names the path and the fix."""
 
 
-def _state_dict_for_saving(model: torch.nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    return {name: tensor.detach().to(dtype or tensor.dtype).contiguous().cpu()
-            for name, tensor in model.state_dict().items()}
+def _tensors_for_saving(state: dict[str, torch.Tensor], dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().to(dtype or tensor.dtype).contiguous().cpu() for name, tensor in state.items()}
 
 
 def save_model(
-    directory: Path, model: TinyDiT, metadata: dict[str, Any] | None = None, dtype: torch.dtype | None = None
+    directory: Path, model: Policy, metadata: dict[str, Any] | None = None, dtype: torch.dtype | None = None
 ) -> None:
-    """Write a self-describing model directory: weights (safetensors) and architecture + metadata (JSON).
+    """Write a self-describing model directory: the policy's broadcast state (safetensors) and its
+    description + metadata (JSON).
 
     ``dtype`` stores the weights in another precision (float16 halves a shipped base model); loading
     casts them back to the model's float32 parameters.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    save_file(_state_dict_for_saving(model, dtype), str(directory / MODEL_FILE))
-    description = {"architecture": "TinyDiT", "config": model.config.to_dict(), "metadata": metadata or {}}
+    save_file(_tensors_for_saving(model.broadcast_state(), dtype), str(directory / MODEL_FILE))
+    description = {**model.describe(), "metadata": metadata or {}}
     (directory / MODEL_CONFIG_FILE).write_text(json.dumps(description, indent=2))
 
 
-def replace_model(directory: Path, model: TinyDiT, metadata: dict[str, Any] | None = None) -> None:
+def replace_model(directory: Path, model: Policy, metadata: dict[str, Any] | None = None) -> None:
     """`save_model` into ``directory`` by renames, so a crash leaves the old or the new model, never a mix.
 
     For a directory rewritten during a run (``checkpoints/best``): the new copy is written beside
@@ -97,10 +103,11 @@ def resolve_model_dir(name_or_path: str | Path) -> Path:
     return shipped if shipped.is_dir() else path
 
 
-def load_model(directory: str | Path, weights_file: str = MODEL_FILE) -> TinyDiT:
-    """Rebuild a TinyDiT from a model directory written by :func:`save_model` (or a training checkpoint).
+def load_model(directory: str | Path, weights_file: str = MODEL_FILE) -> Policy:
+    """Rebuild a policy from a model directory written by :func:`save_model` (or a training checkpoint).
 
-    ``directory`` may also name a base model shipped with the package (e.g. ``shapes-base``).
+    ``directory`` may also name a base model shipped with the package (e.g. ``shapes-base``). A LoRA
+    checkpoint's base is rebuilt from its description, then its LoRA tensors are loaded.
     """
     directory = resolve_model_dir(directory)
     config_path, weights_path = directory / MODEL_CONFIG_FILE, directory / weights_file
@@ -112,8 +119,8 @@ def load_model(directory: str | Path, weights_file: str = MODEL_FILE) -> TinyDiT
             )
     try:
         description = json.loads(config_path.read_text())
-        model = TinyDiT(TinyDiTConfig(**description["config"]))
-        model.load_state_dict(load_file(str(weights_path)))
+        model = policy_from_description(description)
+        model.load_broadcast_state(load_file(str(weights_path)))
     except (OSError, ValueError, KeyError, RuntimeError, TypeError, SafetensorError) as error:
         detail = " ".join(str(error).split())[:200]
         raise CheckpointError(f"checkpoint {directory} is unreadable ({type(error).__name__}: {detail}): copy it "
@@ -146,13 +153,13 @@ def _is_state_dict(value: Any) -> bool:
     return isinstance(value, dict) and bool(value) and all(isinstance(v, torch.Tensor) for v in value.values())
 
 
-def _write_training_files(staging: Path, iteration: int, model: TinyDiT, optimizer: torch.optim.Optimizer,
-                          ema: torch.nn.Module | None, extra: dict[str, Any]) -> None:
+def _write_training_files(staging: Path, iteration: int, model: Policy, optimizer: torch.optim.Optimizer,
+                          ema: Policy | None, extra: dict[str, Any]) -> None:
     """Every file of a training checkpoint: tensors in safetensors, the optimizer and RNG in a torch file
     that loads with ``weights_only=True``, the rest in JSON; the manifest last."""
     save_model(staging, model, {"iteration": iteration})
     if ema is not None:
-        save_file(_state_dict_for_saving(ema), str(staging / EMA_FILE))
+        save_file(_tensors_for_saving(ema.broadcast_state()), str(staging / EMA_FILE))
     tensor_extras = sorted(key for key, value in extra.items() if _is_state_dict(value))
     for key in tensor_extras:
         save_file({name: t.detach().contiguous().cpu() for name, t in extra[key].items()},
@@ -168,9 +175,9 @@ def _write_training_files(staging: Path, iteration: int, model: TinyDiT, optimiz
 def save_training_checkpoint(
     run_dir: Path,
     iteration: int,
-    model: TinyDiT,
+    model: Policy,
     optimizer: torch.optim.Optimizer,
-    ema: torch.nn.Module | None,
+    ema: Policy | None,
     extra: dict[str, Any],
 ) -> Path:
     """Atomically and durably write ``run_dir/checkpoints/iter-XXXXXX`` and point ``latest`` at it; returns its path.

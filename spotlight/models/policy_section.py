@@ -1,0 +1,69 @@
+"""The ``model`` section of a training config: which policy ``spotlight train`` trains.
+
+``tinydit`` (the default) trains every weight of the TinyDiT in ``base_checkpoint``. ``sd3``,
+``flux`` and ``qwen-image`` train LoRA on a small randomly initialised diffusers transformer of that
+family, built from this section and the task: it denoises the task's images directly (3 channels,
+no VAE, so the task's reward scores its samples as it scores a TinyDiT's), its prompts are the
+task's token ids through a frozen text encoder, and every random weight comes from ``init_seed``.
+That seed, not a file, is the base a LoRA checkpoint refers to.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from spotlight.models.diffusers_config import TINY_CONFIGS, DiffusersPolicyConfig
+from spotlight.schema import Section
+
+PolicyFamily = Literal["tinydit", "sd3", "flux", "qwen-image"]
+IMAGE_CHANNELS = 3  # the tasks' RGB images are the latents: no VAE between the transformer and the reward
+
+
+def image_geometry(family: str, overrides: dict[str, Any], height: int, width: int) -> dict[str, Any]:
+    """Transformer arguments that make a tiny ``family`` model denoise (3, height, width) images.
+
+    FLUX and Qwen-Image take 2x2-packed tokens of 4 x 3 channels; SD3 patchifies inside, and its
+    position table must cover the (height / patch) grid.
+    """
+    if height != width:
+        raise ValueError(f"model.family {family} builds square images only (the task's are {height}x{width}): "
+                         "use model.family tinydit for this task")
+    if family == "sd3":
+        patch = int(overrides.get("patch_size", TINY_CONFIGS["sd3"]["patch_size"]))
+        return {"in_channels": IMAGE_CHANNELS, "out_channels": IMAGE_CHANNELS, "sample_size": height,
+                "pos_embed_max_size": height // patch}
+    packed = 4 * IMAGE_CHANNELS
+    return {"in_channels": packed} if family == "flux" else {"in_channels": packed, "out_channels": IMAGE_CHANNELS}
+
+
+class PolicySection(Section):
+    """Which policy to train: the base checkpoint's TinyDiT, or LoRA on a tiny diffusers transformer."""
+
+    family: PolicyFamily = "tinydit"
+    init_seed: int = 0  # diffusers families: the random base (and text encoder) drawn from this seed
+    lora_rank: int = Field(4, ge=1)
+    lora_alpha: float = Field(8.0, gt=0)
+    lora_target_modules: tuple[str, ...] | None = None  # None: every joint-attention projection
+    max_text_len: int = Field(12, ge=1)  # prompt tokens (a multiple of an SP degree when sharded)
+    transformer: dict[str, Any] = Field(default_factory=dict)  # overrides of the tiny architecture
+
+    @model_validator(mode="after")
+    def _diffusers_fields_need_a_diffusers_family(self) -> PolicySection:
+        if self.family == "tinydit" and self.transformer:
+            raise ValueError("model.transformer overrides a diffusers architecture: set model.family to sd3, flux "
+                             "or qwen-image, or remove it (a TinyDiT's architecture comes from base_checkpoint)")
+        return self
+
+    def diffusers_config(self, task: str, vocab_size: int, image_size: tuple[int, int]) -> DiffusersPolicyConfig:
+        """The full description of the diffusers policy this section builds for ``task``'s images and tokens."""
+        if self.family == "tinydit":
+            raise ValueError("model.family tinydit loads base_checkpoint; there is no diffusers config to build")
+        height, width = image_size
+        overrides = {**image_geometry(self.family, self.transformer, height, width), **self.transformer}
+        return DiffusersPolicyConfig(
+            family=self.family, tiny=True, tiny_overrides=overrides, latent_size=height, lora_rank=self.lora_rank,
+            lora_alpha=self.lora_alpha, lora_target_modules=self.lora_target_modules, dtype="float32",
+            init_seed=self.init_seed, task=task, vocab_size=vocab_size, max_text_len=self.max_text_len,
+        )
