@@ -63,11 +63,13 @@ class QueueState:
 
 @dataclass(frozen=True)
 class BubblePolicy:
-    """Decides k at each bubble; ``max_fragments`` bounds the search, ``min_gain_s`` is the margin TAG must win by."""
+    """Decides k at each bubble; ``max_fragments`` bounds the search; TAG must win by ``min_gain_s`` and by
+    ``min_gain_fraction`` of the rest of the step (the margin for what the timing model leaves out)."""
 
     timings: BubbleTimings
     max_fragments: int = 8
     min_gain_s: float = 0.0
+    min_gain_fraction: float = 0.0
     resolution_s: float = 1e-3
 
     def fragments_for_trainer(self, queue: QueueState) -> int:
@@ -80,7 +82,7 @@ class BubblePolicy:
         best_k, best = 0, baseline
         for k in range(1, min(self.max_fragments, queue.fragments_left) + 1):
             finish = rest_of_step_s(queue.fragments_left, k, free, self.resolution_s, self.timings, blocked)
-            if finish < best and baseline - finish > self.min_gain_s:
+            if finish < best and baseline - finish > max(self.min_gain_s, self.min_gain_fraction * baseline):
                 best_k, best = k, finish
         return best_k
 

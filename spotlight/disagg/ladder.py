@@ -113,7 +113,7 @@ class _Run:
             fragment_on_generator_s=self.unit_s, fragment_on_trainer_s=self.unit_s * config.costs.tag_slowdown,
             train_fragment_s=batch.unit_size * self.sample_train_s / trainers,
             offload_restore_s=costs.offload_restore_s, trainer_parallel=trainers),
-            max_fragments=config.bts_max_fragments)
+            max_fragments=config.bts_max_rounds * trainers, min_gain_fraction=config.bts_min_gain)
         self.groups_of_unit = [{p for p, _ in unit.members} for unit in self.units]
         self.units_of_group = {p: [u.index for u in self.units if p in self.groups_of_unit[u.index]]
                                for p in range(batch.prompts)}

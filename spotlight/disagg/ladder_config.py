@@ -85,7 +85,8 @@ class LadderConfig(Section):
     hardware: Hardware = Hardware()
     costs: Costs = Costs()
     batch: Batch = Batch()
-    bts_max_fragments: int = Field(8, ge=1)
+    bts_max_rounds: int = Field(2, ge=1)  # BTS searches k up to this many rounds of one unit per trainer device
+    bts_min_gain: float = Field(0.02, ge=0, lt=1)  # TAG must shorten the rest of the step by this fraction
     exploration: Exploration = Exploration()
     grid: Grid
 

@@ -75,3 +75,14 @@ def test_generators_waiting_for_weights_make_tag_worth_more():
     policy = BubblePolicy(t, max_fragments=4)
     assert policy.fragments_for_trainer(QueueState(4, (0.0, 0.0), generators_blocked_for_s=3.0)) >= \
         policy.fragments_for_trainer(QueueState(4, (0.0, 0.0)))
+
+
+def test_a_gain_below_the_margin_is_not_worth_a_tag_burst():
+    t = timings()
+    queue = QueueState(fragments_left=12, generator_free_in_s=(0.0, 0.0))
+    eager = BubblePolicy(t, max_fragments=8)
+    k = eager.fragments_for_trainer(queue)
+    gain = (rest_of_step_s(12, 0, (0, 0), 1e-3, t) - rest_of_step_s(12, k, (0, 0), 1e-3, t)) \
+        / rest_of_step_s(12, 0, (0, 0), 1e-3, t)
+    assert k > 0
+    assert BubblePolicy(t, max_fragments=8, min_gain_fraction=gain * 1.01).fragments_for_trainer(queue) == 0
