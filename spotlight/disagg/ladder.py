@@ -111,7 +111,9 @@ class _Run:
         self.gate = VersionGate(async_one_step=rung.async_one_step)
         self.policy = BubblePolicy(BubbleTimings(
             fragment_on_generator_s=self.unit_s, fragment_on_trainer_s=self.unit_s * config.costs.tag_slowdown,
-            train_fragment_s=batch.unit_size * self.sample_train_s / trainers,
+            # what profiling measures: a group trained alone takes ceil(G / N_t) sample trainings
+            train_fragment_s=math.ceil(batch.group_size / trainers) * self.sample_train_s * batch.unit_size
+            / batch.group_size,
             offload_restore_s=costs.offload_restore_s, trainer_parallel=trainers),
             max_fragments=config.bts_max_rounds * trainers, min_gain_fraction=config.bts_min_gain)
         self.groups_of_unit = [{p for p, _ in unit.members} for unit in self.units]
