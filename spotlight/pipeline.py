@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from spotlight.base_policy import build_policy
 from spotlight.config import TrainConfig, TrainSection, dump_config
 from spotlight.diffusion.noise import stream_key
 from spotlight.diffusion.sampler import SamplingPlan, Trajectory
@@ -203,13 +204,13 @@ class Trainer:
         task = get_task(config.task)
         self.reward = reward if reward is not None else task.make_reward(config.reward.strict_weight)
         self.train_prompts, self.val_prompts = task.split()
-        self.model = load_model(config.base_checkpoint)
+        self.model = build_policy(config)
         if task_of(self.model) is not task:
             raise RunError(f"base_checkpoint {config.base_checkpoint} is a {task_of(self.model).name!r} model, "
                            f"but task is {config.task!r}: set task to {task_of(self.model).name!r} or pick "
                            f"a {config.task!r} model")
         uses_reference = config.train.algorithm == "flow-grpo" and config.train.kl_beta > 0
-        self.reference = load_model(config.base_checkpoint).requires_grad_(False) if uses_reference else None
+        self.reference = build_policy(config).requires_grad_(False) if uses_reference else None
         self.ema = copy.deepcopy(self.model).requires_grad_(False) if config.train.ema_decay else None
         self.previous = copy.deepcopy(self.model).requires_grad_(False)  # θ_{i-1} for stale exploration
         self.optimizer = build_optimizer(self.model, config.train)
@@ -234,8 +235,8 @@ class Trainer:
         state = load_training_state(checkpoint)
         self.optimizer.load_state_dict(state.optimizer)
         if self.ema is not None and state.ema is not None:
-            self.ema.load_state_dict(state.ema)
-        self.previous.load_state_dict(state.extra["previous"])
+            self.ema.load_broadcast_state(state.ema)
+        self.previous.load_broadcast_state(state.extra["previous"])
         self.monitor.load_state_dict(state.extra["monitor"])
         if self.planner is not None:
             self.planner.load_state_dict(state.extra["planner"])
@@ -364,7 +365,7 @@ class Trainer:
                 self._log(metrics_file, record, on_iteration)
                 if done % config.checkpoint_every == 0 or last:
                     save_training_checkpoint(self.run_dir, done, self.model, self.optimizer, self.ema, {
-                        "previous": self.previous.state_dict(), "monitor": self.monitor.state_dict(),
+                        "previous": self.previous.broadcast_state(), "monitor": self.monitor.state_dict(),
                         "planner": None if self.planner is None else self.planner.state_dict(),
                         "budget_s": self.budget_s})
                 if last:
@@ -395,7 +396,7 @@ class Trainer:
         The training time becomes the next exploration budget: what exploration hides behind.
         """
         section = self.config.train
-        self.previous.load_state_dict(self.model.state_dict())
+        self.previous.load_broadcast_state(self.model.broadcast_state())
         generator = iteration_generator(self.config.seed, iteration, 2)
         started = time.perf_counter()
         if section.algorithm == "nft":  # θ_i (previous) drew the rollout: NFT's sampling policy

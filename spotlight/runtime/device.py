@@ -27,7 +27,7 @@ import torch
 
 from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.generation import generate
-from spotlight.models.tinydit import TinyDiTConfig
+from spotlight.models.rebuild import ModelConfig
 from spotlight.runtime.cores import pin_process
 from spotlight.runtime.queue import RemoteQueue
 from spotlight.runtime.worker import WorkerReport, WorkerSettings, model_from_weights, worker_loop
@@ -81,7 +81,7 @@ def weights_digest(weights: dict[str, np.ndarray]) -> dict[str, float]:
 class SpotDevice:
     """A spot device (here one CPU thread). Two concurrent calls at most: the work and a notice."""
 
-    def __init__(self, device_id: str, queue: Any, model_config: TinyDiTConfig | dict[str, Any],
+    def __init__(self, device_id: str, queue: Any, model_config: ModelConfig | dict[str, Any],
                  settings: WorkerSettings, num_threads: int = 1, core: int | None = None) -> None:
         # one device = one core (cores.py); Ray's OMP_NUM_THREADS and a reused process's count are not ours
         pin_process(core, num_threads)
@@ -99,19 +99,24 @@ class SpotDevice:
         return self.device_id
 
     def load_weights(self, version: int, weights: dict[str, np.ndarray]) -> DeviceCall:
-        """Take θ_version (``weights`` is resolved by Ray from the object store) into a fresh model."""
+        """Take θ_version (``weights``, `model_weights` arrays resolved by Ray from the object store).
+
+        The first call builds the model from its config; later ones load only the broadcast state (a
+        LoRA policy's matrices over the base it built once).
+        """
         start = time.time()
         if self.model is None:
             self.model = model_from_weights(self.model_config, weights)
             self.clock = ComputeClock(self.model)
         else:
-            self.model.load_state_dict({name: torch.from_numpy(np.array(array)) for name, array in weights.items()})
+            self.model.load_broadcast_state({name: torch.from_numpy(np.array(array))
+                                             for name, array in weights.items()})
         self.version = version
         return DeviceCall(self.device_id, start, time.time(), 0.0, version)
 
     def weights(self) -> dict[str, np.ndarray]:
         """The weights this device holds, as numpy (for tests that compare them with the trainer's)."""
-        return {name: tensor.detach().numpy().copy() for name, tensor in self._model().state_dict().items()}
+        return {name: tensor.detach().numpy().copy() for name, tensor in self._model().broadcast_state().items()}
 
     def sample(self, prompts: list[str], seeds: list[int], plan: SamplingPlan) -> DeviceCall:
         """Rollout help: one SDE trajectory per (prompt, seed) with θ_version; result (latents, log_probs)."""

@@ -34,7 +34,8 @@ import torch
 from spotlight.diffusion.noise import initial_latents
 from spotlight.diffusion.sampler import SamplingPlan, VelocityFn, sample
 from spotlight.generation import prompt_tokens
-from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
+from spotlight.models.policy import Policy
+from spotlight.models.rebuild import ModelConfig, policy_from_config
 from spotlight.runtime.queue import Lease, QueueClient, RemoteQueue
 
 __all__ = [
@@ -153,32 +154,35 @@ def fixed_batch_velocity_fn(model: torch.nn.Module, tokens: torch.Tensor, forwar
     return velocity
 
 
-def model_weights(model: torch.nn.Module) -> dict[str, np.ndarray]:
-    """The model's state dict as CPU numpy arrays: what to ``ray.put`` so workers share one copy."""
-    return {name: tensor.detach().cpu().numpy() for name, tensor in model.state_dict().items()}
+def model_weights(model: Policy) -> dict[str, np.ndarray]:
+    """The policy's broadcast state as CPU numpy arrays: what to ``ray.put`` so workers share one copy.
+
+    Every weight of a TinyDiT; only the LoRA matrices of a diffusers policy, whose spot devices
+    rebuild the frozen base from its config.
+    """
+    return {name: tensor.detach().cpu().numpy() for name, tensor in model.broadcast_state().items()}
 
 
-def model_from_weights(config: TinyDiTConfig | dict[str, Any], weights: dict[str, np.ndarray]) -> TinyDiT:
-    """Rebuild a TinyDiT in eval mode from its config and `model_weights` arrays.
+def model_from_weights(config: ModelConfig | dict[str, Any], weights: dict[str, np.ndarray]) -> Policy:
+    """Rebuild a policy in eval mode from its config (a policy's ``.config``) and `model_weights` arrays.
 
     The arrays from Ray's object store are read-only views of shared memory; they are copied into
     the model's own parameters.
     """
-    config = config if isinstance(config, TinyDiTConfig) else TinyDiTConfig(**config)
-    model = TinyDiT(config)
-    model.load_state_dict({name: torch.tensor(array) for name, array in weights.items()})
+    model = policy_from_config(config)
+    model.load_broadcast_state({name: torch.tensor(array) for name, array in weights.items()})
     return model.eval()
 
 
 def _advance(
-    model: TinyDiT, batch: Sequence[_InFlight], plan: SamplingPlan, step: int, forward_batch: int
+    model: Policy, batch: Sequence[_InFlight], plan: SamplingPlan, step: int, forward_batch: int
 ) -> None:
     """Take one denoising step (``step`` -> ``step + 1``) for requests that share ``plan`` and ``step``."""
     latents = torch.stack([item.latent for item in batch])
     tokens = torch.stack([item.tokens for item in batch])
     seeds = [item.lease.request.seed for item in batch]
     trajectory = sample(
-        fixed_batch_velocity_fn(model, tokens, forward_batch), seeds, plan, model.config.latent_shape,
+        fixed_batch_velocity_fn(model, tokens, forward_batch), seeds, plan, model.latent_shape,
         start_latents=latents, start_step=step, stop_step=step + 1, record=False,
     )
     for item, latent in zip(batch, trajectory.final, strict=True):
@@ -189,7 +193,7 @@ def _advance(
 def worker_loop(
     queue: QueueClient,
     worker_id: str,
-    model: TinyDiT,
+    model: Policy,
     settings: WorkerSettings,
     preempted: threading.Event,
 ) -> WorkerReport:
@@ -244,12 +248,12 @@ def worker_loop(
     return report
 
 
-def _start(model: TinyDiT, lease: Lease) -> _InFlight:
+def _start(model: Policy, lease: Lease) -> _InFlight:
     """In-flight state for a new lease: the committed latent, or the seed's initial noise."""
     request = lease.request
     latent = lease.latent
     if latent is None:
-        latent = initial_latents([request.seed], model.config.latent_shape)[0]
+        latent = initial_latents([request.seed], model.latent_shape)[0]
     return _InFlight(lease, prompt_tokens(model, [request.prompt])[0], latent, lease.step)
 
 
@@ -278,7 +282,7 @@ class DenoiseWorker:
         self,
         worker_id: str,
         queue: Any,
-        model_config: TinyDiTConfig | dict[str, Any],
+        model_config: ModelConfig | dict[str, Any],
         weights: dict[str, np.ndarray],
         settings: WorkerSettings | None = None,
         num_threads: int = 1,

@@ -47,6 +47,7 @@ class CallHook(torch.nn.Module):
     def __init__(self, model: TinyDiT, on_call: Callable[[int], None]) -> None:
         super().__init__()
         self.model, self.config, self.on_call, self.calls = model, model.config, on_call, 0
+        self.latent_shape = model.latent_shape
 
     def forward(self, x: torch.Tensor, sigma: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         self.calls += 1
