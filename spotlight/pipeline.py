@@ -1,4 +1,4 @@
-"""The training loop: rollout -> reward -> GRPO update, with seed exploration in three modes.
+"""The training loop: one iteration for every mode, written once (`Trainer.iteration`).
 
     vanilla        random seeds for every group
     sync-explore   before each rollout, score N candidate seeds per prompt with the CURRENT weights
@@ -7,12 +7,15 @@
                    while iteration i-1 trains. Here it runs in sequence, so that its effect on
                    convergence is measured apart from the systems effect.
     spot-rollout   (Ray) spot devices help the rollout and idle during training
-    spotlight      (Ray) stale exploration on spot devices hidden behind training; see spotlight/spot_pipeline.py,
-                   which runs this module's functions on the device pools
+    spotlight      (Ray) stale exploration on spot devices hidden behind training
+
+What differs between modes is where sampling runs and with which weights: a backend
+(`spotlight.backends`: this process, or the Ray device pools) behind one interface. The loop
+owns the models, the optimizer, the run directory, validation and checkpoints.
 
 Every random choice of iteration i (its prompts, its candidate seeds, its shuffles) comes from
-generators keyed by (run seed, i), so a resumed run continues with exactly the numbers it would have
-had, and a run is fully described by its config.
+generators keyed by (run seed, i) (`spotlight.streams`), so a resumed run continues with exactly the
+numbers it would have had, and a run is fully described by its config.
 """
 
 from __future__ import annotations
@@ -21,27 +24,22 @@ import copy
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from spotlight.backends import TrainerView, check_backend, open_backend
 from spotlight.base_policy import build_policy
 from spotlight.config import TrainConfig, TrainSection, dump_config
-from spotlight.diffusion.noise import stream_key
-from spotlight.diffusion.sampler import SamplingPlan, Trajectory
 from spotlight.evaluation import evaluate
-from spotlight.explore.candidates import exploration_sampling, score_candidates
-from spotlight.explore.planner import ExplorationPlanner, ExplorePlan
-from spotlight.explore.selection import select_seeds
+from spotlight.explore.planner import ExplorationPlanner, PlannerConfig
 from spotlight.explore.staleness import StalenessMonitor
-from spotlight.generation import generate, prompt_tokens, to_images
-from spotlight.models.tinydit import TinyDiT
+from spotlight.loop_model import LoopModel
 from spotlight.pretrain import ema_decay_at, update_ema
 from spotlight.report.grid import save_grid
-from spotlight.rewards.base import Reward, guarded_score
-from spotlight.rl.advantages import group_advantages
+from spotlight.rewards.base import Reward
 from spotlight.rl.checkpoint import (
     latest_checkpoint,
     load_model,
@@ -49,123 +47,20 @@ from spotlight.rl.checkpoint import (
     replace_model,
     save_training_checkpoint,
 )
-from spotlight.rl.grpo import RolloutBatch, grpo_update
+from spotlight.rl.grpo import grpo_update
 from spotlight.rl.manifest import write_text_durably
 from spotlight.rl.nft import nft_update
+from spotlight.rollout import Rollout, score_rollout
 from spotlight.run_dir import RunDirLock, check_resume_config, read_metrics
+from spotlight.run_error import RunError
 from spotlight.runtime.cores import pinned
+from spotlight.seed_choice import Exploration
+from spotlight.streams import Stream, iteration_generator, iteration_prompts
 from spotlight.tasks.registry import get_task, task_of
 
+__all__ = ["RunError", "RunSummary", "Trainer", "build_optimizer", "planner_config", "train"]
+
 GRID_SEEDS = 4  # columns of the validation sample grid: the first seeds of each shown prompt
-
-
-class RunError(RuntimeError):
-    """The run cannot go on; the message is one line naming the cause and the fix."""
-
-
-def iteration_generator(run_seed: int, iteration: int, purpose: int) -> torch.Generator:
-    """A generator for one purpose of one iteration (0 prompts, 1 seeds, 2 update, 3 selection)."""
-    return torch.Generator().manual_seed(stream_key(run_seed * 16 + purpose, iteration))
-
-
-def iteration_prompts(train_prompts: list[str], run_seed: int, iteration: int, count: int) -> list[str]:
-    """The prompts of iteration i: ``count`` distinct train prompts drawn by (run seed, i)."""
-    order = torch.randperm(len(train_prompts), generator=iteration_generator(run_seed, iteration, 0))
-    return [train_prompts[int(j)] for j in order[:count]]
-
-
-def candidate_seeds(run_seed: int, iteration: int, num_prompts: int, count: int) -> torch.Tensor:
-    """(P, count) candidate noise seeds of iteration i; vanilla takes the first G of each row."""
-    return torch.randint(0, 2**62, (num_prompts, count), generator=iteration_generator(run_seed, iteration, 1))
-
-
-@dataclass
-class Rollout:
-    """A scored rollout: the update's batch plus the numbers logged about it."""
-
-    batch: RolloutBatch
-    metrics: dict[str, float]
-
-
-def rollout_plan(config: TrainConfig) -> SamplingPlan:
-    """The SDE sampling plan of GRPO rollouts (what every device that helps a rollout runs)."""
-    section = config.rollout
-    return SamplingPlan(num_steps=section.num_steps, shift=section.shift, sampler=config.rollout_sampler,
-                        noise_level=section.noise_level, sde_steps=section.sde_steps)
-
-
-def group_requests(prompts: list[str], seeds: torch.Tensor) -> tuple[list[str], list[int]]:
-    """One (prompt, seed) pair per sample of the (P, G) groups, prompt-major: the rollout's sample order."""
-    return [prompt for prompt in prompts for _ in range(seeds.shape[1])], seeds.reshape(-1).tolist()
-
-
-def rollout(model: TinyDiT, prompts: list[str], seeds: torch.Tensor, config: TrainConfig, reward: Reward) -> Rollout:
-    """SDE-sample each prompt's group (seeds (P, G)), score it, and compute group advantages."""
-    expanded, flat_seeds = group_requests(prompts, seeds)
-    return score_rollout(model, prompts, seeds, generate(model, expanded, flat_seeds, rollout_plan(config)),
-                         config, reward)
-
-
-def score_rollout(model: TinyDiT, prompts: list[str], seeds: torch.Tensor, trajectory: Trajectory,
-                  config: TrainConfig, reward: Reward) -> Rollout:
-    """Score sampled groups (``trajectory`` in `group_requests` order, from any devices) and compute advantages."""
-    num_prompts, group_size = seeds.shape
-    section = config.rollout
-    plan = rollout_plan(config)
-    expanded, _ = group_requests(prompts, seeds)
-    scored = guarded_score(reward, to_images(trajectory.final), expanded)
-    rewards = scored.rewards.reshape(num_prompts, group_size)
-    valid = scored.valid.reshape(num_prompts, group_size)
-    advantages = group_advantages(rewards, valid, config.train.adv_std, config.train.adv_clip)
-    valid_rewards = torch.where(valid, rewards, torch.nan)
-    group_std = valid_rewards.nan_to_num(0).std(dim=1, unbiased=False)
-    metrics = {
-        "rollout/reward_mean": float(scored.rewards[scored.valid].mean()) if scored.valid.any() else float("nan"),
-        "rollout/strict_accuracy": float(scored.strict[scored.valid].float().mean()) if scored.valid.any() else 0.0,
-        "rollout/group_reward_std": float(group_std.mean()),
-        "rollout/group_reward_var": float(group_std.pow(2).mean()),
-        "rollout/zero_std_groups": float((group_std < 1e-6).float().mean()),
-        "rollout/invalid_samples": float((~scored.valid).sum()),
-    }
-    batch = RolloutBatch(
-        latents=trajectory.latents, log_probs=trajectory.log_probs, tokens=prompt_tokens(model, expanded),
-        advantages=advantages.reshape(-1), sigmas=plan.sigmas(), noise_level=section.noise_level,
-        stochastic_steps=plan.stochastic_steps,
-    )
-    return Rollout(batch=batch, metrics=metrics)
-
-
-@dataclass
-class Exploration:
-    """Seeds chosen for a rollout and what exploration measured."""
-
-    seeds: torch.Tensor
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-def explore(
-    explorer: TinyDiT, prompts: list[str], candidates: torch.Tensor, plan: ExplorePlan, config: TrainConfig,
-    reward: Reward, generator: torch.Generator,
-) -> tuple[Exploration, torch.Tensor]:
-    """Score every candidate seed (P, N) under ``plan`` with ``explorer``'s weights; keep the G most varied.
-
-    Returns the exploration and the (P, N) candidate rewards (the staleness monitor compares them).
-    """
-    sampling = exploration_sampling(plan, rollout_plan(config))
-    rewards = score_candidates(explorer, prompts, candidates, sampling, reward)
-    return select_explored(rewards, candidates, config, generator), rewards
-
-
-def select_explored(rewards: torch.Tensor, candidates: torch.Tensor, config: TrainConfig,
-                    generator: torch.Generator) -> Exploration:
-    """Keep the G most varied of each prompt's scored candidates (rewards and seeds (P, N)), wherever scored."""
-    selection = select_seeds(rewards, candidates, config.rollout.group_size, generator)
-    metrics = {
-        "explore/selected_reward_std": float(selection.variance.sqrt().mean()),
-        "explore/candidate_reward_std": float(rewards.nan_to_num(0).std(dim=1, unbiased=False).mean()),
-        "explore/degenerate_prompts": float(selection.degenerate.float().mean()),
-    }
-    return Exploration(seeds=selection.seeds, metrics=metrics)
 
 
 def build_optimizer(model: torch.nn.Module, section: TrainSection) -> torch.optim.Optimizer:
@@ -176,8 +71,17 @@ def build_optimizer(model: torch.nn.Module, section: TrainSection) -> torch.opti
     return torch.optim.AdamW(model.parameters(), lr=section.learning_rate, weight_decay=section.weight_decay)
 
 
+def planner_config(config: TrainConfig) -> PlannerConfig | None:
+    """The exploration planner's grid: ``explore.planner``; on Ray exploring modes always plan (runtime.planner)."""
+    if config.explore.planner is not None:
+        return config.explore.planner
+    return config.runtime.planner if config.uses_ray and config.mode.explores else None
+
+
 @dataclass
 class RunSummary:
+    """What a finished run returns: its directory, every logged record, and the validated ones."""
+
     run_dir: Path
     history: list[dict[str, Any]]
     validation: list[dict[str, float]]
@@ -187,6 +91,7 @@ class Trainer:
     """Owns the models, optimizer and run directory of one ``spotlight train`` run."""
 
     def __init__(self, config: TrainConfig, reward: Reward | None = None, resume: bool = False) -> None:
+        check_backend(config, resume)
         self.config = config
         torch.manual_seed(config.seed)
         torch.set_num_threads(1 if config.pin_devices else config.num_threads)
@@ -196,6 +101,9 @@ class Trainer:
             if resume:  # before anything is loaded or written: a resume must not change what ran
                 check_resume_config(self.run_dir / "config.yaml", config)
             self._setup(config, reward, resume)
+            self.backend = open_backend(TrainerView(
+                config, self.model, self.previous, self.eval_model, self.reward, self.train_prompts, self.planner,
+                self.monitor, self.run_dir))
         except BaseException:
             self._lock.release()
             raise
@@ -215,7 +123,8 @@ class Trainer:
         self.previous = copy.deepcopy(self.model).requires_grad_(False)  # θ_{i-1} for stale exploration
         self.optimizer = build_optimizer(self.model, config.train)
         self.monitor = StalenessMonitor(config.explore.staleness_floor)
-        self.planner = ExplorationPlanner(config.explore.planner) if config.explore.planner is not None else None
+        planner = planner_config(config)
+        self.planner = ExplorationPlanner(planner) if planner is not None else None
         self.budget_s = config.explore.initial_budget_s  # the training time exploration must fit in
         self.start_iteration = 0
         self.best_accuracy = float("-inf")
@@ -251,7 +160,7 @@ class Trainer:
         write_text_durably(metrics_path, "".join(json.dumps(record) + "\n" for record in self.history))
 
     @property
-    def eval_model(self) -> TinyDiT:
+    def eval_model(self) -> LoopModel:
         return self.ema if self.ema is not None else self.model
 
     def validate(self, iteration: int) -> dict[str, float]:
@@ -279,70 +188,18 @@ class Trainer:
                           {"iteration": iteration, "val/strict_accuracy": self.best_accuracy})
         return metrics
 
-    def explore_plan(self, num_prompts: int) -> tuple[ExplorePlan | None, dict[str, float]]:
-        """This iteration's exploration plan: the planner's choice within the budget, or the fixed plan."""
-        section = self.config.explore
-        if self.planner is None:
-            return ExplorePlan(section.num_candidates, section.num_steps, section.sampler), {}
-        decision = self.planner.choose(self.budget_s, num_devices=1, num_prompts=num_prompts)
-        metrics = {"planner/budget_s": self.budget_s, "planner/predicted_s": decision.predicted_time_s,
-                   "planner/feasible_arms": float(len(decision.feasible_arms))}
-        if decision.plan is not None:
-            metrics.update({"planner/num_candidates": float(decision.plan.num_candidates),
-                            "planner/num_steps": float(decision.plan.num_steps)})
-        return decision.plan, metrics
-
-    def choose_seeds(self, iteration: int, prompts: list[str]) -> tuple[Exploration, ExplorePlan | None]:
-        """Seeds for iteration i's groups according to the mode, and the exploration plan that chose them."""
-        config = self.config
-        group_size = config.rollout.group_size
-        random_seeds = candidate_seeds(config.seed, iteration, len(prompts), group_size)
-        if config.mode == "vanilla":
-            return Exploration(seeds=random_seeds), None
-        plan, plan_metrics = self.explore_plan(len(prompts))
-        if plan is None:  # nothing fits the budget: random seeds, as vanilla
-            return Exploration(seeds=random_seeds, metrics=plan_metrics), None
-        candidates = candidate_seeds(config.seed, iteration, len(prompts), plan.num_candidates)
-        generator = iteration_generator(config.seed, iteration, 3)
-        explorer = self.model if config.mode == "sync-explore" else self.previous
-        started = time.perf_counter()
-        exploration, rewards = explore(explorer, prompts, candidates, plan, config, self.reward, generator)
-        elapsed = time.perf_counter() - started
-        if self.planner is not None:
-            self.planner.observe_cost(plan, elapsed, len(prompts) * plan.num_candidates, plan.num_steps)
-        exploration.metrics.update({"time/explore_s": elapsed, **plan_metrics})
-        if config.mode == "stale-explore":
-            exploration.metrics.update(self._measure_staleness(iteration, prompts, candidates, rewards,
-                                                               exploration.seeds, plan))
-        return exploration, plan
-
-    def _measure_staleness(self, iteration: int, prompts: list[str], candidates: torch.Tensor,
-                           stale_rewards: torch.Tensor, stale_seeds: torch.Tensor,
-                           plan: ExplorePlan) -> dict[str, float]:
-        """Rank a sample of prompts' candidates with the fresh weights too; log Kendall τ and overlap."""
-        sample = min(self.config.explore.monitor_prompts, len(prompts))
-        if sample == 0:
-            return {}
-        generator = iteration_generator(self.config.seed, iteration, 3)
-        fresh, fresh_rewards = explore(self.model, prompts[:sample], candidates[:sample], plan, self.config,
-                                       self.reward, generator)
-        record = self.monitor.record(iteration, stale_rewards[:sample], fresh_rewards, stale_seeds[:sample],
-                                     fresh.seeds)
-        return {"staleness/kendall_tau": record.tau, "staleness/selection_overlap": record.overlap}
-
     def run(self, on_iteration: Callable[[int, dict[str, Any]], None] | None = None,
-            step: Callable[[int], dict[str, Any]] | None = None, max_wall_s: float | None = None) -> RunSummary:
+            max_wall_s: float | None = None) -> RunSummary:
         """Train from the current iteration to ``config.iterations``; returns the history.
 
-        ``step`` runs one iteration (default `iteration`; the Ray runtime passes its own, which
-        distributes the same calls). With ``max_wall_s`` the run ends after the iteration that
-        passes that wall time, validated and checkpointed like a last iteration; with
+        Validate, then per iteration: `iteration`, log, validate and checkpoint when due; the backend
+        is closed at the end (a Ray run's totals go to summary.json). With ``max_wall_s`` the run ends
+        after the iteration that passes that wall time, validated and checkpointed like a last iteration; with
         ``eval.target_accuracy`` it also ends at the first validation that reaches it. ``time/wall_s``
         is the iterations' own wall time: validation (a measurement, 1,600 samples twice) and
         checkpoint writes are left out, so time to a target does not depend on how often one looks.
         """
         config = self.config
-        step = step or self.iteration
         metrics_file = (self.run_dir / "metrics.jsonl").open("a")
         wall_s = self.history[-1]["time/wall_s"] if self.history else 0.0
         try:
@@ -351,7 +208,7 @@ class Trainer:
                 self._log(metrics_file, record, on_iteration)
             for iteration in range(self.start_iteration, config.iterations):
                 step_started = time.perf_counter()
-                record = step(iteration)
+                record = self.iteration(iteration)
                 wall_s += time.perf_counter() - step_started
                 record["time/wall_s"] = wall_s
                 done = iteration + 1
@@ -364,49 +221,64 @@ class Trainer:
                     last = last or (target is not None and record["val/strict_accuracy"] >= target)
                 self._log(metrics_file, record, on_iteration)
                 if done % config.checkpoint_every == 0 or last:
-                    save_training_checkpoint(self.run_dir, done, self.model, self.optimizer, self.ema, {
-                        "previous": self.previous.broadcast_state(), "monitor": self.monitor.state_dict(),
-                        "planner": None if self.planner is None else self.planner.state_dict(),
-                        "budget_s": self.budget_s})
+                    self.checkpoint(done)
                 if last:
                     break
         finally:
             metrics_file.close()
-            self._lock.release()
+            try:
+                self.backend.close()
+            finally:
+                self._lock.release()
         validation = [r for r in self.history if "val/strict_accuracy" in r]
         return RunSummary(run_dir=self.run_dir, history=self.history, validation=validation)
 
     def iteration(self, iteration: int) -> dict[str, Any]:
-        """One GRPO iteration: choose seeds, roll out, update. Returns its metrics (iteration = i + 1)."""
-        config = self.config
-        timings: dict[str, float] = {}
+        """One iteration in every mode: seeds → rollout → reward, advantages → update → EMA. Its metrics (i + 1)."""
+        config, backend = self.config, self.backend
         prompts = iteration_prompts(self.train_prompts, config.seed, iteration, config.rollout.prompts_per_iteration)
-        exploration, plan = self.choose_seeds(iteration, prompts)
-        started = time.perf_counter()
-        scored = rollout(self.model, prompts, exploration.seeds, config, self.reward)
-        timings["time/rollout_s"] = time.perf_counter() - started
-        if self.planner is not None and plan is not None:
-            self.planner.observe_reward(plan, scored.metrics["rollout/group_reward_var"])
-        update = self.train_step(iteration, scored)
-        return {"iteration": iteration + 1, **scored.metrics, **exploration.metrics, **update, **timings}
+        backend.start_iteration(iteration)  # θ_i to every device that samples with it
+        seeds = backend.choose_seeds(iteration, prompts, self.budget_s)  # random, or explored with θ_i / θ_{i-1}
+        samples = backend.rollout(iteration, prompts, seeds.seeds)  # G samples per prompt with θ_i
+        scored = score_rollout(self.model, prompts, seeds.seeds, samples, config, self.reward)  # reward → advantages
+        self.observe_plan(seeds, scored)
+        backend.training_started(iteration, self.budget_s)  # spotlight: spot devices explore P_{i+1} with θ_i
+        update = self.update(iteration, scored)  # θ_i → θ_{i+1}
+        self.update_ema(iteration)
+        usage = backend.training_ended(iteration)
+        return {"iteration": iteration + 1, **scored.metrics, **seeds.metrics, **update, **usage}
 
-    def train_step(self, iteration: int, scored: Rollout) -> dict[str, float]:
+    def observe_plan(self, seeds: Exploration, scored: Rollout) -> None:
+        """Tell the planner the reward variance its plan's seeds gave (its bandit's reward)."""
+        if self.planner is not None and seeds.plan is not None:
+            self.planner.observe_reward(seeds.plan, scored.metrics["rollout/group_reward_var"])
+
+    def update(self, iteration: int, scored: Rollout) -> dict[str, float]:
         """θ_i → θ_{i+1} on a scored rollout (θ_i kept as ``previous``); the update's metrics and time/train_s.
 
         The training time becomes the next exploration budget: what exploration hides behind.
         """
         section = self.config.train
         self.previous.load_broadcast_state(self.model.broadcast_state())
-        generator = iteration_generator(self.config.seed, iteration, 2)
+        generator = iteration_generator(self.config.seed, iteration, Stream.UPDATE)
         started = time.perf_counter()
         if section.algorithm == "nft":  # θ_i (previous) drew the rollout: NFT's sampling policy
             update = nft_update(self.model, self.previous, self.optimizer, scored.batch, section, generator)
         else:
             update = grpo_update(self.model, self.reference, self.optimizer, scored.batch, section, generator)
         self.budget_s = time.perf_counter() - started
-        if self.ema is not None:
-            update_ema(self.ema, self.model, ema_decay_at(iteration, section.ema_decay))
         return {**update, "time/train_s": self.budget_s}
+
+    def update_ema(self, iteration: int) -> None:
+        """Move the EMA (what validation samples) towards θ_{i+1}."""
+        if self.ema is not None:
+            update_ema(self.ema, self.model, ema_decay_at(iteration, self.config.train.ema_decay))
+
+    def checkpoint(self, done: int) -> None:
+        """Write the checkpoint after ``done`` iterations: weights, optimizer, EMA and the loop's state."""
+        save_training_checkpoint(self.run_dir, done, self.model, self.optimizer, self.ema, {
+            "previous": self.previous.broadcast_state(), "monitor": self.monitor.state_dict(),
+            "planner": None if self.planner is None else self.planner.state_dict(), "budget_s": self.budget_s})
 
     def _log(self, metrics_file, record: dict[str, Any], on_iteration) -> None:
         self.history.append(record)
@@ -420,12 +292,8 @@ def train(config: TrainConfig, resume: bool = False, reward: Reward | None = Non
           on_iteration: Callable[[int, dict[str, Any]], None] | None = None) -> RunSummary:
     """Run ``spotlight train`` for a config: a thin wrapper for the CLI and tests.
 
-    Modes spot-rollout and spotlight (and the others with ``runtime.use_ray``) run on the Ray
-    runtime (`spotlight.spot_pipeline`); the rest in this process.
+    Modes spot-rollout and spotlight (and the others with ``runtime.use_ray``) sample on the Ray
+    device pools (`spotlight.backends.ray`); the rest in this process.
     """
-    from spotlight.spot_pipeline import run_on_ray, uses_ray
-
     with pinned(config.device_core(0), config.num_threads):  # this process is the trainer's device
-        if uses_ray(config):
-            return run_on_ray(config, resume=resume, reward=reward, on_iteration=on_iteration)
         return Trainer(config, reward=reward, resume=resume).run(on_iteration, max_wall_s=config.runtime.max_wall_s)

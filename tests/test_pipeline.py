@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from spotlight.config import TrainConfig, parse_config
-from spotlight.pipeline import RunError, Trainer, iteration_prompts, train
+from spotlight.pipeline import RunError, Trainer, train
 from spotlight.rewards.base import RewardError, RewardOutput
 from spotlight.rewards.geneval import GenEvalReward
+from spotlight.streams import iteration_prompts
 
 
 def tiny_config(base: Path, run_dir: Path, **changes) -> TrainConfig:
@@ -205,7 +206,8 @@ def test_a_rollout_sampled_in_parts_scores_like_one_sampled_whole(tiny_base_mode
     """What the runtime does with spot helpers: sample prompt groups on several devices, score them together."""
     from spotlight.diffusion.sampler import Trajectory
     from spotlight.generation import generate
-    from spotlight.pipeline import candidate_seeds, group_requests, rollout, rollout_plan, score_rollout
+    from spotlight.rollout import group_requests, rollout, rollout_plan, score_rollout
+    from spotlight.streams import candidate_seeds
 
     config = tiny_config(tiny_base_model, tmp_path / "run")
     trainer = Trainer(config)

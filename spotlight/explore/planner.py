@@ -319,7 +319,7 @@ def round_budget(
 
     monitor: (the previous round's plan, how many of its prompts are re-scored), or None. The
     monitor's work shares the devices and the training time, so the planner must size the round to
-    what is left (never below 0). The runtime (`RayRuntime._open_round`) and the simulator both call this.
+    what is left (never below 0). The runtime (`RayBackend._open_round`) and the simulator both call this.
     """
     if monitor is None or num_devices == 0:
         return budget_s

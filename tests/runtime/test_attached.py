@@ -15,7 +15,7 @@ import ray
 from metadata_services import AwsImdsPerNode, FakeMetadata, iso
 
 from spotlight.config import TrainConfig, parse_config
-from spotlight.spot_pipeline import RayRuntime
+from spotlight.pipeline import Trainer
 
 NOTICE_S = 120.0  # what AWS gives a spot instance
 TIME_SCALE = 1 / 40  # the test plays those 120 s in 3 s
@@ -54,7 +54,8 @@ def test_an_attached_cluster_hears_a_notice_over_http_drains_the_node_and_uses_a
     node_a, node_b = cluster.add_node(**spot), cluster.add_node(**spot)
     cluster.wait_for_nodes()
     run_dir = tmp_path / "run"
-    runtime = RayRuntime(attach_config(tiny_base_model, run_dir, cluster.address, server.url + "/{node_id}"))
+    trainer = Trainer(attach_config(tiny_base_model, run_dir, cluster.address, server.url + "/{node_id}"))
+    runtime = trainer.backend.cluster  # the pools, the queue and the open exploration round
     flipped: dict[str, float] = {}
 
     def flip_a_when_both_nodes_explore() -> None:
@@ -94,9 +95,9 @@ def test_an_attached_cluster_hears_a_notice_over_http_drains_the_node_and_uses_a
     trigger = threading.Thread(target=flip_a_when_both_nodes_explore, daemon=True)
     try:
         trigger.start()
-        runtime.run(on_iteration)
+        trainer.run(on_iteration)
     finally:
-        runtime.close()
+        trainer.backend.close()
         cluster.shutdown()
         server.close()
 

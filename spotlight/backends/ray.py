@@ -1,0 +1,280 @@
+"""The Ray backend: one iteration's sampling spread over the on-demand device and the spot devices.
+
+    start      θ_i goes to every spot device once, through the object store
+    seeds      spotlight: chosen by the round that explored P_i with θ_{i-1} during iteration i-1's
+               training; sync-explore: a round explores P_i with θ_i now (on the critical path);
+               vanilla / spot-rollout: random
+    rollout    P_i's groups split over the on-demand device and the idle spot devices holding θ_i;
+               a part lost to a preemption is redone on the on-demand device
+    training   spotlight: AT THE SAME TIME, a round explores P_{i+1} with θ_i through the queue, under
+               the planner's budget (the last training time), plus a re-score of a few of P_i's
+               candidates with θ_i for the staleness monitor (Kendall τ of stale vs fresh rankings)
+
+The pools, the queue, the trace and the bill are `spotlight.runtime.spot_cluster.SpotCluster`'s; this
+module decides what they run: which requests a round holds, and how its results become seeds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import ray
+import torch
+
+from spotlight.backends.protocol import TrainerView
+from spotlight.diffusion.sampler import Trajectory
+from spotlight.explore.candidates import exploration_sampling, score_latents
+from spotlight.explore.planner import ExplorePlan, round_budget
+from spotlight.generation import generate
+from spotlight.modes import Mode
+from spotlight.rollout import group_requests, rollout_plan
+from spotlight.run_error import RunError
+from spotlight.runtime.device import ComputeClock
+from spotlight.runtime.queue import Request
+from spotlight.runtime.rounds import Round, results_in_order
+from spotlight.runtime.spot_cluster import ON_DEMAND, SpotCluster
+from spotlight.runtime.usage import IterationMarks, iteration_usage
+from spotlight.runtime.worker import model_weights
+from spotlight.seed_choice import Exploration, select_explored
+from spotlight.streams import Stream, candidate_seeds, iteration_generator, iteration_prompts
+
+__all__ = ["RayBackend"]
+
+
+@dataclass
+class PendingMonitor:
+    """The first prompts of the last round, to re-score with the weights one update later (staleness)."""
+
+    target: int  # the iteration the stale round explored for
+    plan: ExplorePlan
+    prompts: list[str]
+    candidates: torch.Tensor  # (M, N)
+    stale_rewards: torch.Tensor  # (M, N), scored with θ_{target-1}
+    stale_seeds: torch.Tensor  # (M, G), selected from them
+    ids: list[str]
+
+
+@dataclass
+class Explored:
+    """A finished round, ready to seed its iteration."""
+
+    round: Round
+    exploration: Exploration
+
+
+class RayBackend:
+    """Sampling on the device pools (see the module docstring); implements `Backend`."""
+
+    def __init__(self, view: TrainerView) -> None:
+        config = view.config
+        self.view, self.config, self.mode = view, config, config.mode
+        torch.set_num_threads(1)  # the on-demand device is one thread, like every device here
+        # Validation and checkpoints run between iterations; these clocks tell how much of it was model compute.
+        self.eval_clocks = [ComputeClock(model) for model in {id(m): m for m in (view.model, view.eval_model)}.values()]
+        self.eval_compute_mark = 0.0
+        self.marks = IterationMarks()
+        self.explored: Explored | None = None
+        self.monitor_round: PendingMonitor | None = None  # rides along in the next round (spotlight)
+        self.round_monitor: PendingMonitor | None = None  # the one riding in the open round
+        self.round_metrics: dict[str, float] = {}  # the planner's, when no round opened beside training
+        self.cluster = SpotCluster(config.runtime, config.mode, view.model, view.run_dir,
+                                   core_of=lambda k: config.device_core(k + 1))
+
+    def start_iteration(self, iteration: int) -> None:
+        """Bill validation since the last iteration; hand θ_i to every spot device (and SP group)."""
+        cluster, view = self.cluster, self.view
+        previous_end = self.marks.ended
+        self.marks = IterationMarks(previous_end=previous_end, started=cluster.now())
+        compute_mark = sum(clock.seconds for clock in self.eval_clocks)
+        if self.marks.started > previous_end:  # validation and checkpointing since the last iteration
+            cluster.ledger.busy(ON_DEMAND, previous_end, self.marks.started, "eval",
+                                compute_s=min(self.marks.started - previous_end, compute_mark - self.eval_compute_mark))
+        weights_ref = ray.put(model_weights(view.model))  # θ_i: one object, every spot device maps it
+        with cluster.lock:
+            cluster.pool.set_weights(iteration, weights_ref)
+        elastic = cluster.elastic
+        if elastic is not None:  # a sample must not mix two policies: the groups finish first
+            if not cluster.wait(lambda: not elastic.serving, timeout_s=elastic.settings.agent_call_s):
+                raise RunError("the SP groups did not stop serving after the last round: a spot node hangs")
+            with cluster.lock:
+                elastic.set_weights(weights_ref)
+        cluster.wait(lambda: not cluster.pool.devices(state="loading"), timeout_s=10.0)  # ~10 ms: then they help
+
+    def choose_seeds(self, iteration: int, prompts: list[str], budget_s: float) -> Exploration:
+        """Random seeds, or those of the round that explored P_i (now with θ_i, or during the last training)."""
+        config, metrics = self.config, {}
+        random_seeds = candidate_seeds(config.seed, iteration, len(prompts), config.rollout.group_size)
+        if self.mode is Mode.SYNC_EXPLORE:
+            metrics.update(self._open_round(iteration, iteration, budget_s))
+            waited = self.cluster.now()
+            if self.cluster.round is not None:  # None: no plan fits (or no spot device): random seeds
+                self._close_round()
+            metrics["time/explore_s"] = self.cluster.now() - waited
+        explored, self.explored = self.explored, None
+        if explored is None or explored.round.target != iteration:
+            return Exploration(seeds=random_seeds, metrics=metrics)
+        chosen = explored.exploration
+        chosen.metrics = {**metrics, **explored.round.plan_metrics, **chosen.metrics}
+        chosen.plan = explored.round.plan
+        return chosen
+
+    def rollout(self, iteration: int, prompts: list[str], seeds: torch.Tensor) -> Trajectory:
+        """Sample the groups on the on-demand device and the idle spot devices holding θ_i."""
+        cluster, plan = self.cluster, rollout_plan(self.config)
+        self.marks.rollout_started = cluster.now()
+        with cluster.lock:
+            helpers = cluster.pool.devices(version=iteration, state="idle") if self.mode.rents_spot else []
+        helpers = helpers[:len(prompts) - 1]  # a part per device, none empty: more devices than prompts idle
+        parts = np.array_split(np.arange(len(prompts)), 1 + len(helpers))
+        requests = [group_requests([prompts[p] for p in part], seeds[part]) for part in parts]
+        with cluster.lock:
+            for device, (part_prompts, part_seeds) in zip(helpers, requests[1:], strict=True):
+                cluster.pool.call(device, "rollout", "sample", part_prompts, part_seeds, plan)
+        trajectories: dict[int, Trajectory | None] = {0: self._sample_here(requests[0])}
+        index = {device: k + 1 for k, device in enumerate(helpers)}
+
+        def collected() -> bool:
+            for result in [r for r in cluster.finished if r.phase == "rollout"]:
+                cluster.finished.remove(result)
+                trajectories[index[result.device_id]] = (None if result.call is None
+                                                         else Trajectory(*result.call.result, start_step=0))
+            return len(trajectories) == len(parts)
+
+        cluster.wait(collected)
+        for k, trajectory in trajectories.items():
+            if trajectory is None:  # its device was preempted: redo the part here
+                trajectories[k] = self._sample_here(requests[k])
+        ordered = [trajectories[k] for k in range(len(parts))]
+        self.marks.rollout_ended = cluster.now()  # sampled; scoring is billed to the rollout too
+        return Trajectory(torch.cat([t.latents for t in ordered]), torch.cat([t.log_probs for t in ordered]), 0)
+
+    def training_started(self, iteration: int, budget_s: float) -> None:
+        """Bill the scoring; in spotlight mode, open the round exploring P_{i+1} with θ_i."""
+        cluster = self.cluster
+        scored_at = cluster.now()
+        cluster.ledger.busy(ON_DEMAND, self.marks.rollout_ended, scored_at, "rollout")
+        self.marks.rollout_ended = scored_at
+        self.round_metrics = {}
+        if self.mode is Mode.SPOTLIGHT and iteration + 1 < self.config.iterations:
+            self.round_metrics = self._open_round(iteration + 1, iteration, budget_s)
+
+    def training_ended(self, iteration: int) -> dict[str, float]:
+        """Bill the training; in spotlight mode, wait for the round; this iteration's usage and cost."""
+        cluster, marks = self.cluster, self.marks
+        marks.train_ended = cluster.now()
+        cluster.ledger.busy(ON_DEMAND, marks.rollout_ended, marks.train_ended, "train",
+                            compute_s=marks.train_ended - marks.rollout_ended)
+        if self.mode is Mode.SPOTLIGHT and cluster.round is not None:
+            self._close_round()
+        marks.ended = cluster.now()
+        self.eval_compute_mark = sum(clock.seconds for clock in self.eval_clocks)
+        with cluster.lock:
+            explorers = cluster.explorers()
+        return {**self.round_metrics, **iteration_usage(cluster.ledger, cluster.events, marks, explorers)}
+
+    def close(self) -> None:
+        self.cluster.close()
+
+    def _sample_here(self, request: tuple[list[str], list[int]]) -> Trajectory:
+        """Sample a part on the on-demand device (the driver), billed as rollout compute."""
+        started = self.cluster.now()
+        trajectory = generate(self.view.model, *request, rollout_plan(self.config))
+        ended = self.cluster.now()
+        self.cluster.ledger.busy(ON_DEMAND, started, ended, "rollout", compute_s=ended - started)
+        return trajectory
+
+    # -- exploration rounds -------------------------------------------------------------------------
+    def _open_round(self, target: int, version: int, budget_s: float) -> dict[str, float]:
+        """Queue the candidates of ``target``'s prompts for the devices holding θ_version, as the planner says.
+
+        Returns the planner's metrics when nothing fits (no round opens), else {} (they come with the seeds).
+        """
+        config, view, cluster = self.config, self.view, self.cluster
+        prompts = iteration_prompts(view.train_prompts, config.seed, target, config.rollout.prompts_per_iteration)
+        with cluster.lock:
+            devices = cluster.explorers()
+        monitor = self.monitor_round if self.mode is Mode.SPOTLIGHT else None
+        budget = round_budget(view.planner, budget_s, devices,
+                              None if monitor is None else (monitor.plan, len(monitor.prompts)))
+        decision = view.planner.choose(budget, num_devices=devices, num_prompts=len(prompts))
+        plan_metrics = {"planner/budget_s": budget_s, "planner/predicted_s": decision.predicted_time_s,
+                        "planner/feasible_arms": float(len(decision.feasible_arms)), "planner/spot_devices": devices}
+        if decision.plan is None:
+            self.monitor_round = None
+            return plan_metrics
+        plan = decision.plan
+        plan_metrics.update({"planner/num_candidates": float(plan.num_candidates),
+                             "planner/num_steps": float(plan.num_steps)})
+        candidates = candidate_seeds(config.seed, target, len(prompts), plan.num_candidates)
+        rollout_sampling = rollout_plan(config)
+        sampling = exploration_sampling(plan, rollout_sampling)
+        requests = [Request(f"x{target}-{p}-{c}", prompt, int(candidates[p, c]), sampling)
+                    for p, prompt in enumerate(prompts) for c in range(plan.num_candidates)]
+        own_ids = [r.request_id for r in requests]
+        if monitor is not None:
+            monitor_sampling = exploration_sampling(monitor.plan, rollout_sampling)
+            monitor.ids = [f"m{monitor.target}-{p}-{c}" for p in range(len(monitor.prompts))
+                           for c in range(monitor.candidates.shape[1])]
+            requests += [Request(rid, monitor.prompts[p], int(monitor.candidates[p, c]), monitor_sampling)
+                         for rid, (p, c) in zip(monitor.ids, np.ndindex(*monitor.candidates.shape), strict=True)]
+        ray.get(cluster.queue.submit.remote(requests))
+        round_ = Round(target, version, plan, prompts, candidates, own_ids,
+                       extra_ids=[] if monitor is None else monitor.ids,
+                       extra_steps=0 if monitor is None else monitor.plan.num_steps,
+                       opened_at=cluster.now(), plan_metrics=plan_metrics)
+        self.round_monitor = monitor
+        with cluster.lock:
+            cluster.round = round_
+        return {}
+
+    def _close_round(self) -> None:
+        """Wait for the open round (cancelling what is left after runtime.explore_wait_s), score and select."""
+        config, view, cluster = self.config, self.view, self.cluster
+        round_, monitor = cluster.round, self.round_monitor
+        drained = cluster.wait(lambda: round_.drained, config.runtime.explore_wait_s)
+        with cluster.lock:
+            cluster.round = None
+        if not drained:
+            ray.get(cluster.queue.cancel.remote(round_.all_ids))
+        results = ray.get(cluster.queue.take_results.remote(round_.all_ids))
+        latents = results_in_order(results, round_.ids, view.model.latent_shape)
+        rewards = score_latents(latents, round_.prompts, view.reward)
+        missing = torch.tensor([rid not in results for rid in round_.ids]).reshape(rewards.shape)
+        rewards[missing] = math.nan
+        exploration = select_explored(rewards, round_.candidates, config,
+                                      iteration_generator(config.seed, round_.target, Stream.SELECTION))
+        trips = round_.pull_trips_s
+        exploration.metrics.update({
+            "explore/missed_fraction": float(missing.float().mean()),
+            "queue/pull_round_trip_ms": 1e3 * float(np.mean(trips)) if trips else math.nan,
+            "queue/pulls": float(len(trips)),
+        })
+        if trips:
+            cluster.events.write(cluster.now(), "pull_round_trip", mean_s=float(np.mean(trips)), pulls=len(trips))
+        if round_.device_s > 0 and not missing.any():
+            view.planner.observe_cost(round_.plan, round_.device_s * round_.own_share(), rewards.numel(),
+                                      round_.plan.num_steps)
+        if monitor is not None:
+            exploration.metrics.update(self._staleness(monitor, results))
+        self.explored = Explored(round_, exploration)
+        if self.mode is Mode.SPOTLIGHT:
+            m = min(config.explore.monitor_prompts, len(round_.prompts))
+            self.monitor_round = None if m == 0 else PendingMonitor(
+                round_.target, round_.plan, round_.prompts[:m], round_.candidates[:m], rewards[:m],
+                exploration.seeds[:m], ids=[])
+
+    def _staleness(self, monitor: PendingMonitor, results: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Kendall τ of the monitor prompts' candidate rankings under θ_{i-1} (stale) and θ_i (fresh)."""
+        if any(rid not in results for rid in monitor.ids):
+            return {}
+        config, view = self.config, self.view
+        latents = results_in_order(results, monitor.ids, view.model.latent_shape)
+        fresh_rewards = score_latents(latents, monitor.prompts, view.reward)
+        fresh = select_explored(fresh_rewards, monitor.candidates, config,
+                                iteration_generator(config.seed, monitor.target, Stream.SELECTION))
+        entry = view.monitor.record(monitor.target, monitor.stale_rewards, fresh_rewards, monitor.stale_seeds,
+                                    fresh.seeds)
+        return {"staleness/kendall_tau": entry.tau, "staleness/selection_overlap": entry.overlap,
+                "staleness/iteration": float(monitor.target + 1)}

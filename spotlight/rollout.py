@@ -1,0 +1,78 @@
+"""A rollout's sampling plan, its sample order, and its scoring: reward → group advantages → the update's batch.
+
+Written once for every backend: a rollout sampled whole in this process and one sampled in parts on
+several devices are scored by the same `score_rollout`, in the same (prompt-major) sample order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from spotlight.config import TrainConfig
+from spotlight.diffusion.sampler import SamplingPlan, Trajectory
+from spotlight.generation import generate, prompt_tokens, to_images
+from spotlight.loop_model import LoopModel
+from spotlight.rewards.base import Reward, guarded_score
+from spotlight.rl.advantages import group_advantages
+from spotlight.rl.grpo import RolloutBatch
+
+__all__ = ["Rollout", "group_requests", "rollout", "rollout_plan", "score_rollout"]
+
+
+@dataclass
+class Rollout:
+    """A scored rollout: the update's batch plus the numbers logged about it."""
+
+    batch: RolloutBatch
+    metrics: dict[str, float]
+
+
+def rollout_plan(config: TrainConfig) -> SamplingPlan:
+    """The sampling plan of rollouts (what every device that helps a rollout runs)."""
+    section = config.rollout
+    return SamplingPlan(num_steps=section.num_steps, shift=section.shift, sampler=config.rollout_sampler,
+                        noise_level=section.noise_level, sde_steps=section.sde_steps)
+
+
+def group_requests(prompts: list[str], seeds: torch.Tensor) -> tuple[list[str], list[int]]:
+    """One (prompt, seed) pair per sample of the (P, G) groups, prompt-major: the rollout's sample order."""
+    return [prompt for prompt in prompts for _ in range(seeds.shape[1])], seeds.reshape(-1).tolist()
+
+
+def rollout(model: LoopModel, prompts: list[str], seeds: torch.Tensor, config: TrainConfig,
+            reward: Reward) -> Rollout:
+    """Sample each prompt's group (seeds (P, G)) in this process, score it, and compute group advantages."""
+    expanded, flat_seeds = group_requests(prompts, seeds)
+    return score_rollout(model, prompts, seeds, generate(model, expanded, flat_seeds, rollout_plan(config)),
+                         config, reward)
+
+
+def score_rollout(model: LoopModel, prompts: list[str], seeds: torch.Tensor, trajectory: Trajectory,
+                  config: TrainConfig, reward: Reward) -> Rollout:
+    """Score sampled groups (``trajectory`` in `group_requests` order, from any devices) and compute advantages."""
+    num_prompts, group_size = seeds.shape
+    section = config.rollout
+    plan = rollout_plan(config)
+    expanded, _ = group_requests(prompts, seeds)
+    scored = guarded_score(reward, to_images(trajectory.final), expanded)
+    rewards = scored.rewards.reshape(num_prompts, group_size)
+    valid = scored.valid.reshape(num_prompts, group_size)
+    advantages = group_advantages(rewards, valid, config.train.adv_std, config.train.adv_clip)
+    valid_rewards = torch.where(valid, rewards, torch.nan)
+    group_std = valid_rewards.nan_to_num(0).std(dim=1, unbiased=False)
+    metrics = {
+        "rollout/reward_mean": float(scored.rewards[scored.valid].mean()) if scored.valid.any() else float("nan"),
+        "rollout/strict_accuracy": float(scored.strict[scored.valid].float().mean()) if scored.valid.any() else 0.0,
+        "rollout/group_reward_std": float(group_std.mean()),
+        "rollout/group_reward_var": float(group_std.pow(2).mean()),
+        "rollout/zero_std_groups": float((group_std < 1e-6).float().mean()),
+        "rollout/invalid_samples": float((~scored.valid).sum()),
+    }
+    batch = RolloutBatch(
+        latents=trajectory.latents, log_probs=trajectory.log_probs, tokens=prompt_tokens(model, expanded),
+        advantages=advantages.reshape(-1), sigmas=plan.sigmas(), noise_level=section.noise_level,
+        stochastic_steps=plan.stochastic_steps,
+    )
+    return Rollout(batch=batch, metrics=metrics)

@@ -1,0 +1,48 @@
+"""Start the elastic SP groups of a run (``runtime.sp_degree`` > 1): the controller and one agent per spot node."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from spotlight.models.tinydit import TinyDiTConfig
+from spotlight.run_error import RunError
+from spotlight.runtime.elastic_sp import ElasticSP, ElasticSPSettings
+from spotlight.runtime.local_spot_nodes import LocalSpotNodes
+from spotlight.runtime.pools import PoolError
+from spotlight.runtime.settings import RuntimeSection
+from spotlight.runtime.worker import model_weights
+
+__all__ = ["start_elastic_sp"]
+
+
+def start_elastic_sp(section: RuntimeSection, queue: Any, model: Any, ray_cluster: Any, initial: list[str],
+                     log_path: Path, clock: Callable[[], float], poll_s: float) -> ElasticSP:
+    """The elastic SP controller serving ``queue``, with the agents of the ``initial`` spot nodes up and serving.
+
+    The agents run TinyDiT with Ulysses attention, so the model must be one, with heads divisible by the degree.
+    """
+    if not isinstance(getattr(model, "config", None), TinyDiTConfig):
+        raise RunError(f"runtime.sp_degree={section.sp_degree} needs a TinyDiT base model (the SP agents run "
+                       f"TinyDiT); got {type(model).__name__}: set runtime.sp_degree=1")
+    if model.config.num_heads % section.sp_degree:
+        raise RunError(f"runtime.sp_degree={section.sp_degree} does not divide the model's "
+                       f"{model.config.num_heads} attention heads: use a divisor of {model.config.num_heads}")
+    settings = ElasticSPSettings(sp_degrees={model.config.image_size: section.sp_degree},
+                                 devices_per_node=section.sp_degree, min_step_s=section.min_step_s, poll_s=poll_s)
+    elastic = ElasticSP(queue, model.config, ray.put(model_weights(model)), LocalSpotNodes(ray_cluster), settings,
+                        log_path, clock=clock)
+    for name in initial:
+        elastic.node_joined(name)
+    deadline = time.monotonic() + section.node_timeout_s
+    while len(elastic.agents) < len(initial):
+        elastic.poll_agents()
+        if time.monotonic() > deadline:
+            raise PoolError(f"spot node agents did not start within {section.node_timeout_s:.0f} s: the machine "
+                            "is overloaded; retry, or raise runtime.node_timeout_s")
+        time.sleep(0.1)
+    return elastic

@@ -1,0 +1,68 @@
+"""What a run on the device pools used and cost: one iteration's phases, and the run's totals.
+
+Read off the device ledger (held and busy device-seconds per pool and phase) and the event log;
+the report's contract for these names is in docs/runtime.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from spotlight.market.billing import DeviceLedger
+from spotlight.runtime.events import EventLog
+
+__all__ = ["IterationMarks", "iteration_usage", "run_totals"]
+
+
+@dataclass
+class IterationMarks:
+    """Times on the run's clock that split one iteration into its phases (seeds, rollout, train, wait)."""
+
+    previous_end: float = 0.0  # the end of the previous iteration (validation and checkpoints since then)
+    started: float = 0.0
+    rollout_started: float = 0.0
+    rollout_ended: float = 0.0
+    train_ended: float = 0.0
+    ended: float = 0.0
+
+
+def iteration_usage(ledger: DeviceLedger, events: EventLog, marks: IterationMarks,
+                    explorers: int) -> dict[str, float]:
+    """Times, utilisation per pool and phase, compute share and cumulative dollars of one iteration."""
+    return {
+        "time/rollout_s": marks.rollout_ended - marks.rollout_started,
+        "time/explore_wait_s": marks.ended - marks.train_ended,
+        "time/seeds_s": marks.rollout_started - marks.started,
+        "time/iteration_s": marks.ended - marks.previous_end,
+        "util/spot_train_phase": ledger.utilisation("spot", marks.rollout_ended, marks.train_ended),
+        "util/spot_rollout_phase": ledger.utilisation("spot", marks.rollout_started, marks.rollout_ended),
+        "util/spot": ledger.utilisation("spot", marks.started, marks.ended),
+        "util/on_demand": ledger.utilisation("on_demand", marks.started, marks.ended),
+        "util/compute_share": ledger.compute_share(),
+        "util/compute_share_spot": ledger.compute_share("spot"),
+        "cost/usd_on_demand": ledger.dollars("on_demand", marks.ended),
+        "cost/usd_spot": ledger.dollars("spot", marks.ended),
+        "cost/usd": ledger.dollars("on_demand", marks.ended) + ledger.dollars("spot", marks.ended),
+        "runtime/spot_devices": float(explorers),
+        "runtime/preemption_notices": float(events.count("preemption_notice")),
+    }
+
+
+def run_totals(ledger: DeviceLedger, events: EventLog, mode: str, end: float) -> dict[str, Any]:
+    """Totals of the run: dollars, utilisation, compute share, preemptions, queue latency."""
+    trips = [row for row in events.rows if row["kind"] == "pull_round_trip"]
+    return {
+        "mode": mode, "wall_s": end, "prices": vars(ledger.prices),
+        "cost/usd": ledger.dollars("on_demand", end) + ledger.dollars("spot", end),
+        "cost/usd_on_demand": ledger.dollars("on_demand", end), "cost/usd_spot": ledger.dollars("spot", end),
+        "util/on_demand": ledger.utilisation("on_demand", 0.0, end),
+        "util/spot": ledger.utilisation("spot", 0.0, end),
+        "util/compute_share": ledger.compute_share(), "util/compute_share_spot": ledger.compute_share("spot"),
+        "preemption_notices": events.count("preemption_notice"),
+        "nodes_removed": events.count("node_removed"), "nodes_added": events.count("node_added"),
+        "queue/pull_round_trip_ms": 1e3 * float(np.mean([t["mean_s"] for t in trips])) if trips else math.nan,
+    }
