@@ -9,7 +9,6 @@ trainer samples.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -69,9 +68,5 @@ def test_spotlight_mode_trains_a_lora_policy_and_spot_devices_get_only_lora_weig
         assert torch.equal(remote[1], local.log_probs)
     finally:
         cluster.shutdown()
+    assert not ray.is_initialized(), "the run or the cluster left Ray running"
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _no_ray_left() -> Iterator[None]:
-    yield
-    assert not ray.is_initialized(), "a test left Ray running: every runtime must shut its cluster down"

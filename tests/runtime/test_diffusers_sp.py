@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import datetime
 import os
-import time
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo_ranks import run_ranks
 
 from spotlight.models.diffusers_adapter import DiffusersPolicy
 from spotlight.models.diffusers_config import DiffusersPolicyConfig
@@ -92,14 +91,7 @@ def _spawned_rank(rank: int, store_path: str, out_dir: str) -> None:
 def rank_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     """Spawn the two gloo ranks once for the module; returns each rank's saved results."""
     folder = tmp_path_factory.mktemp("diffusers_sp")
-    context = mp.start_processes(_spawned_rank, args=(str(folder / "store"), str(folder)), nprocs=WORLD,
-                                 join=False, start_method="spawn")
-    deadline = time.monotonic() + 180
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail("SP ranks did not finish within 180 s: a collective is probably mismatched")
+    run_ranks(_spawned_rank, (str(folder / "store"), str(folder)), WORLD, timeout_s=180)
     return [torch.load(folder / f"rank{rank}.pt") for rank in range(WORLD)]
 
 

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import datetime
 import os
-import time
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
+from gloo_ranks import run_ranks
 
 from spotlight.runtime.ulysses import (
     UlyssesAttention,
@@ -186,19 +185,7 @@ def rank_results(case: dict, tmp_path_factory: pytest.TempPathFactory) -> list[d
     folder = tmp_path_factory.mktemp("ulysses")
     case_path = folder / "case.pt"
     torch.save(case, case_path)
-    context = mp.start_processes(
-        _spawned_rank,
-        args=(str(folder / "store"), str(case_path), str(folder)),
-        nprocs=WORLD,
-        join=False,
-        start_method="spawn",
-    )
-    deadline = time.monotonic() + 120
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail("Ulysses ranks did not finish within 120 s: a collective is probably mismatched")
+    run_ranks(_spawned_rank, (str(folder / "store"), str(case_path), str(folder)), WORLD, timeout_s=120)
     return [torch.load(folder / f"rank{rank}.pt") for rank in range(WORLD)]
 
 
