@@ -68,11 +68,11 @@ class Job:
         return self.process.returncode == 0
 
 
-def base_accuracy(overrides: list[str]) -> tuple[float, float]:
+def base_accuracy(overrides: list[str], core: int) -> tuple[float, float]:
     """Validation strict accuracy (and its standard error) of the base model under the runs' settings."""
     config = load_config(TrainConfig, None, overrides)
     task = get_task(config.task)
-    with pinned(0):
+    with pinned(core):
         result = evaluate(load_model(config.base_checkpoint), task.split()[1],
                           task.make_reward(config.reward.strict_weight), config.eval.seeds_per_prompt,
                           config.eval.num_steps, config.rollout.shift)
@@ -89,9 +89,9 @@ def start(job: Job, cores: list[int], log_dir: Path) -> None:
     job.cores = cores
 
 
-def run_all(jobs: list[Job], log_dir: Path) -> None:
-    """Run the jobs, two one-device runs at a time or one two-device run, in order."""
-    free, running, waiting = [0, 1], [], list(jobs)
+def run_all(jobs: list[Job], log_dir: Path, cores: list[int]) -> None:
+    """Run the jobs in order on ``cores``: one one-device run per free core, a two-device run on two."""
+    free, running, waiting = list(cores), [], list(jobs)
     while waiting or running:
         for job in list(running):
             if job.process.poll() is not None:
@@ -209,11 +209,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--eval-seeds", type=int, default=10, help="validation seeds per prompt (80 prompts)")
     parser.add_argument("--set", "-s", action="append", default=[], help="extra config override for every run")
+    parser.add_argument("--cores", nargs="+", type=int, default=[0, 1],
+                        help="cores the runs may use (e.g. --cores 1 leaves core 0 to another job)")
     parser.add_argument("--runs-dir", default="runs/time-to-target")
     parser.add_argument("--out", default=None, help="default: benchmarks/results/time_to_target[_strict].json")
     parser.add_argument("--analyse-only", action="store_true",
                         help="summarise finished runs in --runs-dir (their own target) without running")
     args = parser.parse_args(argv)
+    too_big = [mode for mode in args.modes if DEVICES[mode] > len(args.cores)]
+    if too_big and not args.analyse_only:
+        parser.error(f"{', '.join(too_big)} need {max(DEVICES[m] for m in too_big)} cores; --cores gives "
+                     f"{len(args.cores)}: give more cores or leave those modes out")
     suffix = "" if args.reward == "mixed" else f"_{args.reward}"
     out = Path(args.out) if args.out else RESULTS / f"time_to_target{suffix}.json"
     common = [REWARDS[args.reward], f"eval.every={args.eval_every}", f"eval.seeds_per_prompt={args.eval_seeds}",
@@ -225,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
         record = json.loads((first / "metrics.jsonl").read_text().splitlines()[0])
         base, base_se = record["val/strict_accuracy"], record["val/strict_accuracy_se"]
     else:
-        base, base_se = base_accuracy(common)
+        base, base_se = base_accuracy(common, args.cores[0])
         target = base + args.gain
     print(f"base validation strict accuracy {base:.3f} ± {base_se:.3f}; target {target:.3f} (fixed before the runs)",
           flush=True)
@@ -237,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
     started = time.time()
     load_before = os.getloadavg()
     if not args.analyse_only:
-        run_all(jobs, runs_dir)
+        run_all(jobs, runs_dir, args.cores)
     config = load_config(TrainConfig, None, common)
     table = default_prices(config.runtime.prices.instance, config.runtime.prices.on_demand_per_gpu_hour,
                            config.runtime.prices.spot_per_gpu_hour)
