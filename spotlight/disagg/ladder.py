@@ -21,8 +21,9 @@ measured; and ``coarse TAG``, in place of the + TAG/BTS rung, where the trainer 
 round (one unit per trainer device) at the start of every step whether or not it pays: what the
 reproduction's coarse TAG did, as far as "generated a whole extra round" says (inferred).
 
-The trainer is data parallel over whole samples: a chunk of s samples takes ceil(s / N_t) sample
-trainings, so a chunk smaller than N_t leaves devices idle (GAP's cost, which TSP does not remove).
+The trainer is data parallel over training passes (one timestep of one sample, or one TSP pack): a
+chunk of p passes takes ceil(p / N_t) pass times, so a chunk with fewer passes than trainer devices
+leaves some idle (GAP's cost: it trains small chunks; TSP's larger passes make it a little worse).
 Every disaggregated rung is simulated at every split N_g and reports its best. Throughput is measured
 over the batches after the warm-up (steady state).
 """
@@ -84,7 +85,7 @@ def colocated(config: LadderConfig, model: str, devices: int, sampling_steps: in
     batch = config.batch.prompts * config.batch.group_size
     per_device = math.ceil(batch / devices)
     generate = per_device * costs.generate_sample_s / config.costs.colocated_generation_efficiency
-    train = per_device * costs.train_sample_s(tsp=False, max_pack=config.costs.tsp_max_pack)
+    train = costs.train_chunk_s(batch, devices, tsp=False, max_pack=config.costs.tsp_max_pack)
     step = (generate + per_device * config.costs.colocated_reward_device_s + costs.offload_restore_s + train
             + costs.commit_s)
     return RungResult("colocated", batch / step, step, devices, devices, generate / step, train / step, 0.0)
@@ -109,13 +110,10 @@ class _Run:
         self.unit_s = batch.unit_size * costs.generate_sample_s
         self.sample_train_s = costs.train_sample_s(rung.tsp, config.costs.tsp_max_pack)
         self.gate = VersionGate(async_one_step=rung.async_one_step)
-        self.policy = BubblePolicy(BubbleTimings(
-            fragment_on_generator_s=self.unit_s, fragment_on_trainer_s=self.unit_s * config.costs.tag_slowdown,
-            # what profiling measures: a group trained alone takes ceil(G / N_t) sample trainings
-            train_fragment_s=math.ceil(batch.group_size / trainers) * self.sample_train_s * batch.unit_size
-            / batch.group_size,
-            offload_restore_s=costs.offload_restore_s, trainer_parallel=trainers),
-            max_fragments=config.bts_max_rounds * trainers, min_gain_fraction=config.bts_min_gain)
+        # BTS's training time per unit is profiled: the previous batch's training time over its units
+        # (before the first batch, the even share of a unit over the trainer devices)
+        self.profiled_train_unit_s = batch.unit_size * self.sample_train_s / trainers
+        self.train_s_in_batch = 0.0
         self.groups_of_unit = [{p for p, _ in unit.members} for unit in self.units]
         self.units_of_group = {p: [u.index for u in self.units if p in self.groups_of_unit[u.index]]
                                for p in range(batch.prompts)}
@@ -131,8 +129,9 @@ class _Run:
             self._batch(batch)
 
     def _train_chunk(self, start: float, samples: int) -> None:
-        duration = math.ceil(samples / self.trainers) * self.sample_train_s
-        self.trainer_busy += duration * min(samples, self.trainers) / self.trainers
+        duration = self.costs.train_chunk_s(samples, self.trainers, self.rung.tsp, self.config.costs.tsp_max_pack)
+        self.train_s_in_batch += duration
+        self.trainer_busy += samples * self.sample_train_s / self.trainers
         self.trainer_free = start + duration
 
     def _batch(self, b: int) -> None:
@@ -186,6 +185,8 @@ class _Run:
                     chunk = list(known)
                 trained.update(chunk)
                 self._train_chunk(train_t, len(chunk) * group_size)
+        self.profiled_train_unit_s = self.train_s_in_batch / len(self.units)
+        self.train_s_in_batch = 0.0
         commit = self.trainer_free + self.costs.commit_s
         self.trainer_free = commit
         self.commits.append(commit)
@@ -194,8 +195,14 @@ class _Run:
     def _tag_fragments(self, now: float, gate: float, unstarted: deque) -> int:
         if self.rung.tag == "coarse":
             return min(len(unstarted), self.trainers)
+        costs, config = self.costs, self.config
+        policy = BubblePolicy(BubbleTimings(
+            fragment_on_generator_s=self.unit_s, fragment_on_trainer_s=self.unit_s * config.costs.tag_slowdown,
+            train_fragment_s=self.profiled_train_unit_s, offload_restore_s=costs.offload_restore_s,
+            trainer_parallel=self.trainers),
+            max_fragments=config.bts_max_rounds * self.trainers, min_gain_fraction=config.bts_min_gain)
         free_in = tuple(max(free - now, 0.0) for free in self.generator_free)
-        return self.policy.fragments_for_trainer(QueueState(len(unstarted), free_in, max(gate - now, 0.0)))
+        return policy.fragments_for_trainer(QueueState(len(unstarted), free_in, max(gate - now, 0.0)))
 
     def result(self) -> RungResult:
         warm = self.config.batch.warmup_batches

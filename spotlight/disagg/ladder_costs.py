@@ -37,10 +37,27 @@ class StepCosts:
     offload_restore_s: float
     trained_timesteps: int
 
+    def passes_per_sample(self, tsp: bool, max_pack: int) -> int:
+        """Training passes per sample: one per trained timestep, or one per pack of ≤ ``max_pack`` with TSP."""
+        return math.ceil(self.trained_timesteps / max_pack) if tsp else self.trained_timesteps
+
+    def pass_s(self, tsp: bool, max_pack: int) -> float:
+        """One pass on one device: its share of the sample's rows plus the pass's exposed collectives."""
+        passes = self.passes_per_sample(tsp, max_pack)
+        return self.trained_timesteps / passes * self.train_row_s + self.pass_comm_s
+
     def train_sample_s(self, tsp: bool, max_pack: int) -> float:
         """One sample's training on one trainer device: its rows' compute plus one pass's collectives per pass."""
-        passes = math.ceil(self.trained_timesteps / max_pack) if tsp else self.trained_timesteps
-        return self.trained_timesteps * self.train_row_s + passes * self.pass_comm_s
+        return self.passes_per_sample(tsp, max_pack) * self.pass_s(tsp, max_pack)
+
+    def train_chunk_s(self, samples: int, devices: int, tsp: bool, max_pack: int) -> float:
+        """Training ``samples`` on ``devices`` data-parallel devices: the passes (a timestep, or a TSP pack,
+        of one sample) are spread over the devices, so a chunk with fewer passes than devices leaves some
+        idle. With TSP the pack size (1 .. max_pack) is chosen per chunk: big packs save collectives, but
+        a small chunk of big packs leaves devices idle."""
+        packs = range(1, max_pack + 1) if tsp else [1]
+        return min(math.ceil(samples * self.passes_per_sample(True, pack) / devices) * self.pass_s(True, pack)
+                   for pack in packs)
 
 
 def forward_s(model: DiTModel, hardware: Hardware, mfu: float) -> float:

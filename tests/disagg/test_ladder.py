@@ -41,7 +41,8 @@ def test_the_colocated_step_is_the_sum_of_its_phases():
     costs = step_costs(MODEL, c.hardware, c.costs, 10, 0.5, 8)
     result = colocated(c, "m", 8, 10, 0.5)
     per_device = 16 / 8
-    expected = per_device * (costs.generate_sample_s + 0.05 + costs.train_sample_s(False, 4)) \
+    # 16 samples x 5 timesteps = 80 one-timestep passes over 8 devices: 10 passes each
+    expected = per_device * (costs.generate_sample_s + 0.05) + 10 * costs.pass_s(False, 4) \
         + costs.offload_restore_s + costs.commit_s
     assert result.step_s == pytest.approx(expected)
 
@@ -52,7 +53,7 @@ def test_the_split_alone_step_is_generation_then_scoring_then_training_then_publ
     result = at_split(c, RUNGS[0], "m", 8, 10, 0.5, generators=3)
     units = 16 / 2
     generate = math.ceil(units / 3) * 2 * costs.generate_sample_s
-    train = math.ceil(16 / 5) * costs.train_sample_s(False, 4)
+    train = math.ceil(16 * 5 / 5) * costs.pass_s(False, 4)
     assert result.step_s == pytest.approx(generate + 0.3 + train + costs.commit_s + costs.publish_s)
 
 
@@ -100,3 +101,13 @@ def test_a_coarse_round_of_tag_every_step_costs_throughput_where_bts_declines():
     declined, forced = (at_split(c, rung, "large", 8, 10, 1.0, generators=6) for rung in (bts, coarse))
     assert declined.tag_units_per_step == 0 and forced.tag_units_per_step >= 1
     assert forced.samples_per_s < declined.samples_per_s
+
+
+def test_tsp_picks_the_pack_size_that_trains_a_chunk_fastest():
+    c = config()
+    costs = step_costs(MODEL, c.hardware, c.costs, 10, 0.5, 4)  # 5 trained timesteps
+    # one sample on 4 devices: packs of 2 give 3 passes over 4 devices, one round of a 2-timestep pass;
+    # packs of 4 would give one round of a 4-timestep pass, one timestep at a time 2 rounds
+    candidates = [math.ceil(math.ceil(5 / pack) / 4) * costs.pass_s(True, pack) for pack in (1, 2, 3, 4)]
+    assert costs.train_chunk_s(1, 4, tsp=True, max_pack=4) == pytest.approx(min(candidates))
+    assert costs.train_chunk_s(1, 4, tsp=False, max_pack=4) == pytest.approx(2 * costs.pass_s(False, 4))
