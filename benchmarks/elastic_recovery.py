@@ -49,7 +49,7 @@ from spotlight.runtime.reconfigure import SPGroup, plan_groups
 # 16 image + 12 prompt tokens: few tokens keep the step itself short, so the clock measures recovery.
 CONFIG = TinyDiTConfig(image_size=16, patch_size=4, dim=1024, depth=6, num_heads=8)
 PLAN = SamplingPlan(num_steps=8)
-REQUEST = Request("bench", "a red circle left of a blue square", 3, PLAN)
+REQUEST = Request("bench", "a red circle left of a blue square", 3, PLAN, weights_version=0)
 COMMITTED_STEP = 2
 SP = {16: 2}
 

@@ -88,7 +88,8 @@ def main() -> None:
     trace = load_trace(default_trace_dir() / "aws-p3-bamboo.csv").clipped(args.nodes).window(0.0, args.window_s)
     settings = ElasticSPSettings(sp_degrees={CONFIG.image_size: 2}, devices_per_node=2, min_step_s=args.min_step_s)
     plan = SamplingPlan(num_steps=args.steps)
-    requests = [Request(f"r{i:03d}", PROMPTS[i % len(PROMPTS)], 1000 + i, plan) for i in range(args.requests)]
+    requests = [Request(f"r{i:03d}", PROMPTS[i % len(PROMPTS)], 1000 + i, plan, weights_version=0)
+                for i in range(args.requests)]
     model = random_model()
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -109,7 +110,8 @@ def main() -> None:
         if crash_after:
             threading.Thread(target=crash_a_serving_node, args=(queue, nodes, crash_after, crashed),
                              daemon=True).start()
-        report = run_elastic_sp(queue, CONFIG, weights, replay, nodes, settings, args.log, timeout_s=args.timeout_s)
+        report = run_elastic_sp(queue, CONFIG, weights, replay, nodes, settings, args.log, timeout_s=args.timeout_s,
+                                weights_version=0)
         results = ray.get(queue.results.remote())
     finally:
         ray.shutdown()

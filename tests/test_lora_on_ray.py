@@ -61,7 +61,7 @@ def test_spotlight_mode_trains_a_lora_policy_and_spot_devices_get_only_lora_weig
         assert sorted(held) == sorted(weights)
         plan = SamplingPlan(num_steps=2, shift=3.0, sampler="sde", noise_level=0.7)
         prompts, seeds = ["a red circle", "two blue squares"], [3, 4]
-        remote = ray.get(device.sample.remote(prompts, seeds, plan), timeout=120.0).result
+        remote = ray.get(device.sample.remote(prompts, seeds, plan, 0), timeout=120.0).result
         with torch.no_grad():
             local = generate(policy.eval(), prompts, seeds, plan)
         assert torch.equal(remote[0], local.latents)  # the base rebuilt from init_seed is the trainer's, bit for bit

@@ -16,6 +16,7 @@ import pytest
 import ray
 
 from spotlight.config import TrainConfig, parse_config
+from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.pipeline import train
 from spotlight.rl.checkpoint import load_model
 from spotlight.runtime.device import SpotDevice
@@ -102,6 +103,9 @@ def test_weights_reach_a_spot_device_through_the_object_store_unchanged(tiny_bas
         assert sorted(held) == sorted(weights)
         for name, array in weights.items():
             np.testing.assert_array_equal(held[name], array, err_msg=name)
+        plan = SamplingPlan(num_steps=2)  # a rollout part for θ_1 on a device holding θ_0: refused, nothing sampled
+        assert ray.get(device.sample.remote(["a red circle"], [3], plan, 1), timeout=60.0).result is None
+        assert ray.get(device.sample.remote(["a red circle"], [3], plan, 0), timeout=60.0).result is not None
     finally:
         cluster.shutdown()
 

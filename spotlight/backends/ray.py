@@ -99,7 +99,7 @@ class RayBackend:
             if not cluster.wait(lambda: not elastic.serving, timeout_s=elastic.settings.agent_call_s):
                 raise RunError("the SP groups did not stop serving after the last round: a spot node hangs")
             with cluster.lock:
-                elastic.set_weights(weights_ref)
+                elastic.set_weights(weights_ref, iteration)
         cluster.wait(lambda: not cluster.pool.devices(state="loading"), timeout_s=10.0)  # ~10 ms: then they help
 
     def choose_seeds(self, iteration: int, prompts: list[str], budget_s: float) -> Exploration:
@@ -131,20 +131,20 @@ class RayBackend:
         requests = [group_requests([prompts[p] for p in part], seeds[part]) for part in parts]
         with cluster.lock:
             for device, (part_prompts, part_seeds) in zip(helpers, requests[1:], strict=True):
-                cluster.pool.call(device, "rollout", "sample", part_prompts, part_seeds, plan)
+                cluster.pool.call(device, "rollout", "sample", part_prompts, part_seeds, plan, iteration)
         trajectories: dict[int, Trajectory | None] = {0: self._sample_here(requests[0])}
         index = {device: k + 1 for k, device in enumerate(helpers)}
 
         def collected() -> bool:
             for result in [r for r in cluster.finished if r.phase == "rollout"]:
                 cluster.finished.remove(result)
-                trajectories[index[result.device_id]] = (None if result.call is None
+                trajectories[index[result.device_id]] = (None if result.call is None or result.call.result is None
                                                          else Trajectory(*result.call.result, start_step=0))
             return len(trajectories) == len(parts)
 
         cluster.wait(collected)
         for k, trajectory in trajectories.items():
-            if trajectory is None:  # its device was preempted: redo the part here
+            if trajectory is None:  # its device was preempted (or held other weights): redo the part here
                 trajectories[k] = self._sample_here(requests[k])
         ordered = [trajectories[k] for k in range(len(parts))]
         self.marks.rollout_ended = cluster.now()  # sampled; scoring is billed to the rollout too
@@ -210,14 +210,15 @@ class RayBackend:
         candidates = candidate_seeds(config.seed, target, len(prompts), plan.num_candidates)
         rollout_sampling = rollout_plan(config)
         sampling = exploration_sampling(plan, rollout_sampling)
-        requests = [Request(f"x{target}-{p}-{c}", prompt, int(candidates[p, c]), sampling)
+        requests = [Request(f"x{target}-{p}-{c}", prompt, int(candidates[p, c]), sampling, weights_version=version)
                     for p, prompt in enumerate(prompts) for c in range(plan.num_candidates)]
         own_ids = [r.request_id for r in requests]
         if monitor is not None:
             monitor_sampling = exploration_sampling(monitor.plan, rollout_sampling)
             monitor.ids = [f"m{monitor.target}-{p}-{c}" for p in range(len(monitor.prompts))
                            for c in range(monitor.candidates.shape[1])]
-            requests += [Request(rid, monitor.prompts[p], int(monitor.candidates[p, c]), monitor_sampling)
+            requests += [Request(rid, monitor.prompts[p], int(monitor.candidates[p, c]), monitor_sampling,
+                                 weights_version=version)
                          for rid, (p, c) in zip(monitor.ids, np.ndindex(*monitor.candidates.shape), strict=True)]
         ray.get(cluster.queue.submit.remote(requests))
         round_ = Round(target, version, plan, prompts, candidates, own_ids,

@@ -270,9 +270,11 @@ class NodeAgent:
         return replies[members[0]][0]
 
     def serve(
-        self, queue: QueueClient | Any, group_name: str, min_step_s: float = 0.0, idle_wait_s: float = 0.05
+        self, queue: QueueClient | Any, group_name: str, weights_version: int, min_step_s: float = 0.0,
+        idle_wait_s: float = 0.05,
     ) -> ServeReport:
-        """Serve requests from ``queue`` with one group until drained, preempted, stopped or broken.
+        """Serve ``queue``'s requests for θ_weights_version (the weights loaded last) with one group until
+        none is left, preempted, stopped or broken.
 
         One request at a time per group, one step at a time; after each step the (latent, step)
         is committed with the lease kept, so a node lost without notice costs at most one step once
@@ -289,9 +291,9 @@ class NodeAgent:
         worker_id, report = f"{self.node_id}:{group_name}", ServeReport(group_name)
         shape = TinyDiTConfig(**self._config).latent_shape  # type: ignore[arg-type]
         while not stop.is_set():
-            leases = queue.pull(worker_id, 1)
+            leases = queue.pull(worker_id, 1, weights_version)
             if not leases:
-                if queue.remaining() == 0:
+                if queue.remaining(weights_version) == 0:
                     return report
                 stop.wait(idle_wait_s)
                 continue
@@ -302,20 +304,21 @@ class NodeAgent:
                 try:
                     latent, step = self.run_step(group_name, request, latent, step), step + 1
                 except GroupBroken as broken:
-                    report.handed_back += queue.commit(worker_id, request.request_id, latent, step)
+                    report.handed_back += queue.commit(worker_id, request.request_id, latent, step, weights_version)
                     report.stopped_by, report.lost_devices = "broken", tuple(broken.lost)
                     return report
                 report.steps += 1
                 stop.wait(max(0.0, min_step_s - (time.perf_counter() - step_started)))
                 if step < request.plan.num_steps:
                     if stop.is_set():
-                        report.handed_back += queue.commit(worker_id, request.request_id, latent, step)
+                        report.handed_back += queue.commit(worker_id, request.request_id, latent, step,
+                                                           weights_version)
                         report.stopped_by = "stopped"
                         return report
-                    if not queue.commit(worker_id, request.request_id, latent, step, keep_lease=True):
+                    if not queue.commit(worker_id, request.request_id, latent, step, weights_version, keep_lease=True):
                         break  # the lease lapsed: the request belongs to someone else now
             else:
-                report.completed += queue.complete(worker_id, request.request_id, latent)
+                report.completed += queue.complete(worker_id, request.request_id, latent, weights_version)
         report.stopped_by = "stopped"
         return report
 

@@ -118,10 +118,16 @@ class SpotDevice:
         """The weights this device holds, as numpy (for tests that compare them with the trainer's)."""
         return {name: tensor.detach().numpy().copy() for name, tensor in self._model().broadcast_state().items()}
 
-    def sample(self, prompts: list[str], seeds: list[int], plan: SamplingPlan) -> DeviceCall:
-        """Rollout help: one SDE trajectory per (prompt, seed) with θ_version; result (latents, log_probs)."""
+    def sample(self, prompts: list[str], seeds: list[int], plan: SamplingPlan, weights_version: int) -> DeviceCall:
+        """Rollout help: one SDE trajectory per (prompt, seed) with θ_weights_version; result (latents, log_probs).
+
+        The result is None, and nothing is sampled, when this device holds other weights than the
+        request's: the driver then samples the part itself, never with the wrong policy.
+        """
         model = self._model()
         start, compute_before = time.time(), self.clock.seconds
+        if weights_version != self.version:
+            return DeviceCall(self.device_id, start, time.time(), 0.0, None)
         with torch.no_grad():
             trajectory = generate(model, prompts, seeds, plan)
         return DeviceCall(self.device_id, start, time.time(), self.clock.seconds - compute_before,
@@ -132,7 +138,8 @@ class SpotDevice:
         model = self._model()
         start, compute_before = time.time(), self.clock.seconds
         with torch.no_grad():
-            report: WorkerReport = worker_loop(self.queue, self.device_id, model, self.settings, self.preempted)
+            report: WorkerReport = worker_loop(self.queue, self.device_id, model, self.settings, self.preempted,
+                                               self.version)
         return DeviceCall(self.device_id, start, time.time(), self.clock.seconds - compute_before, report)
 
     def notify_preemption(self) -> None:

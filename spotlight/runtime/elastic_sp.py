@@ -111,8 +111,12 @@ class ElasticSP:
         settings: ElasticSPSettings,
         log_path: str | Path,
         clock: Any = time.monotonic,
+        *,
+        weights_version: int,
     ) -> None:
         self.queue, self.config, self.weights, self.nodes, self.settings = queue, model_config, weights, nodes, settings
+        # The version of ``weights``: every group serves only requests made for it (set_weights moves it on).
+        self.weights_version = weights_version
         self.log_path = Path(log_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path.write_text("")
@@ -191,8 +195,8 @@ class ElasticSP:
                 if node_id in self.agents and self._ask({node_id: self.agents[node_id].replace_lost_devices.remote()}):
                     self._reconfigure(f"device lost on {node_id}", started)
 
-    def set_weights(self, weights: Any) -> float:
-        """Copy new weights (an ObjectRef of the state dict) into every agent's shared memory; returns seconds.
+    def set_weights(self, weights: Any, weights_version: int) -> float:
+        """Copy θ_weights_version (an ObjectRef of the state dict) into every agent's shared memory; returns seconds.
 
         Call between batches, when no group is serving (the queue drained): a sample must not mix two
         policies. Agents still starting load them once they are up.
@@ -201,7 +205,7 @@ class ElasticSP:
             raise RuntimeError(f"set_weights while {len(self.serving)} groups are serving: call it once the "
                                "queue is drained (run_elastic_sp returned), before submitting the next batch")
         started = self._now()
-        self.weights = weights
+        self.weights, self.weights_version = weights, weights_version
         config = self.config.to_dict()
         self._ask({node: agent.load_weights.remote(config, weights) for node, agent in self.agents.items()})
         self.handle_losses()
@@ -219,7 +223,8 @@ class ElasticSP:
         for group in self.groups:
             node = group.nodes[0]
             if group.name not in busy and node in self.agents:
-                self.serving[self.agents[node].serve.remote(self.queue, group.name, self.settings.min_step_s)] = (
+                self.serving[self.agents[node].serve.remote(self.queue, group.name, self.weights_version,
+                                                            self.settings.min_step_s)] = (
                     node, group.name)
 
     def remove_due_nodes(self) -> None:
@@ -270,7 +275,8 @@ class ElasticSP:
             if node not in self.agents:
                 continue
             for group in by_node[node]:
-                ref = self.agents[node].serve.remote(self.queue, group.name, self.settings.min_step_s)
+                ref = self.agents[node].serve.remote(self.queue, group.name, self.weights_version,
+                                                     self.settings.min_step_s)
                 self.serving[ref] = (node, group.name)
         # Groups on a node lost meanwhile stay in the plan: the next reconfiguration dissolves them.
         self.groups = list(diff.new_groups)
@@ -383,16 +389,19 @@ def run_elastic_sp(
     settings: ElasticSPSettings,
     log_path: str | Path,
     timeout_s: float = 600.0,
+    *,
+    weights_version: int,
 ) -> ElasticSPReport:
     """Serve ``queue`` until it is empty while ``replay`` adds, notices and removes spot nodes.
 
-    ``weights``: a Ray ObjectRef of the model's state dict (numpy arrays), loaded once per node into
-    its agent's shared memory. Returns the `ElasticSPReport`; the JSONL log at ``log_path`` has one
+    ``weights``: a Ray ObjectRef of the model's state dict (numpy arrays) for θ_weights_version (the
+    version the queue's requests name), loaded once per node into its agent's shared memory. Returns the
+    `ElasticSPReport`; the JSONL log at ``log_path`` has one
     line per reconfiguration. Raises TimeoutError if the queue is not drained in ``timeout_s``.
     A training loop keeps one `ElasticSP` for the whole run instead and, per batch, calls
     ``set_weights``, submits, ``serve`` and `serve_until_drained`.
     """
-    controller = ElasticSP(queue, model_config, weights, nodes, settings, log_path)
+    controller = ElasticSP(queue, model_config, weights, nodes, settings, log_path, weights_version=weights_version)
     started = time.monotonic()
     try:
         serve_until_drained(controller, replay, timeout_s)

@@ -14,6 +14,12 @@ that step: the sampler draws step k's noise from stream (seed, k), so the resume
 bit-identical to an uninterrupted one. A worker that vanishes without notice stops heartbeating; its
 leases expire and go back from their last committed step (or from scratch).
 
+One policy per request: a request names the weights version it must be denoised with
+(``weights_version``, the iteration i of θ_i). A worker declares the version it holds on every pull,
+commit and completion; it is leased only requests of that version, and a commit or completion
+stamped with another version is refused and the request goes back to the queue. So a device still
+holding θ_v after its round was cancelled can never serve (nor finish) a request of θ_{v+1}.
+
 Exactly once: the first completion of a request is kept and every later one (from a worker whose
 lease had expired and whose request was re-leased) is ignored and counted, never overwrites it.
 A commit from a worker that no longer holds the lease is stale and rejected, so an old worker cannot
@@ -59,12 +65,13 @@ class QueueError(RuntimeError):
 
 @dataclass(frozen=True)
 class Request:
-    """One sample to denoise: a pure function of (weights, prompt, seed, plan)."""
+    """One sample to denoise: a pure function of (θ_weights_version, prompt, seed, plan)."""
 
     request_id: str
     prompt: str
     seed: int
     plan: SamplingPlan
+    weights_version: int  # the iteration i of the θ_i it must be denoised with; no other weights may serve it
 
 
 @dataclass(frozen=True)
@@ -91,6 +98,8 @@ class QueueStats:
     ``duplicate_completions``: completions of a request already done (ignored, never stored).
     ``late_completions``: first completions that came from a worker whose lease had lapsed (kept).
     ``cancelled``: requests dropped by `RequestQueue.cancel` before they were done.
+    ``wrong_weights``: commits and completions refused because the worker held other weights than
+    the request's (the request went back to the queue).
     ``mean_pull_s`` / ``max_pull_s``: service time of ``pull`` inside the queue (wall clock); a
     worker's round trip adds the RPC on top.
     """
@@ -109,6 +118,7 @@ class QueueStats:
     late_completions: int
     expirations: int
     cancelled: int
+    wrong_weights: int
     mean_pull_s: float
     max_pull_s: float
 
@@ -152,7 +162,7 @@ class RequestQueue:
         self._pull_seconds: list[float] = []
         self._counts = dict.fromkeys(
             ("leases_granted", "resumed", "commits", "checkpoints", "stale_commits", "duplicate_completions",
-             "late_completions", "expirations", "cancelled"),
+             "late_completions", "expirations", "cancelled", "wrong_weights"),
             0,
         )
 
@@ -173,9 +183,11 @@ class RequestQueue:
         """The result of every done request, by request id (each stored exactly once)."""
         return {rid: entry.result for rid, entry in self._entries.items() if entry.result is not None}
 
-    def remaining(self) -> int:
-        """How many submitted requests are not done yet (pending or leased)."""
-        return sum(1 for entry in self._entries.values() if entry.status != "done")
+    def remaining(self, weights_version: int | None = None) -> int:
+        """How many submitted requests are not done yet (pending or leased); of ``weights_version`` only
+        when given (what a worker holding those weights could still serve)."""
+        return sum(1 for entry in self._entries.values() if entry.status != "done"
+                   and (weights_version is None or entry.request.weights_version == weights_version))
 
     def take_results(self, request_ids: Sequence[str]) -> dict[str, torch.Tensor]:
         """Hand over the results of the done requests among ``request_ids`` and free their memory.
@@ -216,10 +228,11 @@ class RequestQueue:
         return {worker: len(ids) for worker, ids in self._leases.items() if ids}
 
     # -- worker side ---------------------------------------------------------------------------
-    def pull(self, worker_id: str, max_requests: int) -> list[Lease]:
-        """Lease up to ``max_requests`` pending requests to ``worker_id``, resumed ones first.
+    def pull(self, worker_id: str, max_requests: int, weights_version: int) -> list[Lease]:
+        """Lease up to ``max_requests`` pending requests of ``weights_version`` to ``worker_id``, resumed ones first.
 
-        Returns the leases (possibly none). Overdue leases are expired first, so idle workers
+        Returns the leases (possibly none); requests of other versions keep their place in the queue
+        for workers that hold their weights. Overdue leases are expired first, so idle workers
         reclaim a vanished worker's requests without a separate timer; the pull also counts as a
         heartbeat for the worker's other leases.
         """
@@ -232,10 +245,13 @@ class RequestQueue:
         held = self._leases.setdefault(worker_id, set())
         for request_id in held:
             self._entries[request_id].expires_at = expires_at
-        leases = []
+        leases, other_weights = [], []
         while self._pending and len(leases) < max_requests:
             entry = self._entries[self._pending.popleft()]
             if entry.status != "pending":  # completed by a lapsed worker while it waited here
+                continue
+            if entry.request.weights_version != weights_version:
+                other_weights.append(entry.request.request_id)
                 continue
             entry.status, entry.worker_id, entry.expires_at = "leased", worker_id, expires_at
             entry.holders.add(worker_id)
@@ -243,6 +259,7 @@ class RequestQueue:
             self._counts["leases_granted"] += 1
             self._counts["resumed"] += entry.step > 0
             leases.append(Lease(entry.request, worker_id, entry.step, entry.latent, expires_at))
+        self._pending.extendleft(reversed(other_weights))  # back in their places, in order
         self._pull_seconds.append(time.perf_counter() - started)
         return leases
 
@@ -259,18 +276,22 @@ class RequestQueue:
         return sorted(held)
 
     def commit(
-        self, worker_id: str, request_id: str, latent: torch.Tensor, step: int, keep_lease: bool = False
+        self, worker_id: str, request_id: str, latent: torch.Tensor, step: int, weights_version: int,
+        keep_lease: bool = False,
     ) -> bool:
-        """Store ``latent`` (C, H, W) as the request's progress at schedule index ``step``.
+        """Store ``latent`` (C, H, W), made with θ_weights_version, as the request's progress at index ``step``.
 
         With ``keep_lease=False`` (a preemption notice) the request goes back to the front of the
         queue to be resumed at ``step``; with ``keep_lease=True`` (a checkpoint) the worker keeps
         going and a later expiry resumes from here rather than from scratch. Returns False, and
-        changes nothing, when ``worker_id`` no longer holds the lease (a stale commit).
+        changes nothing, when ``worker_id`` no longer holds the lease (a stale commit); returns False
+        and sends the request back to the queue when the latent was made with other weights than the request's.
         """
         entry = self._entry(request_id)
         if entry.status != "leased" or entry.worker_id != worker_id:
             self._counts["stale_commits"] += 1
+            return False
+        if self._wrong_weights(entry, weights_version):
             return False
         num_steps = entry.request.plan.num_steps
         if not entry.step <= step < num_steps:
@@ -288,10 +309,12 @@ class RequestQueue:
             self._counts["commits"] += 1
         return True
 
-    def complete(self, worker_id: str, request_id: str, result: torch.Tensor) -> bool:
-        """Record ``result`` as the request's final output; returns whether it was kept.
+    def complete(self, worker_id: str, request_id: str, result: torch.Tensor, weights_version: int) -> bool:
+        """Record ``result``, made with θ_weights_version, as the request's final output; returns whether it was kept.
 
-        The first completion wins, even from a worker whose lease has lapsed (results are a pure
+        A result made with other weights than the request's is refused (False) and the request goes
+        back to the queue from its last committed step. Otherwise the first completion wins, even from
+        a worker whose lease has lapsed (results are a pure
         function of the request, so it is the same result, and the work is not wasted); a later
         completion returns False and is counted, never stored.
         """
@@ -303,6 +326,8 @@ class RequestQueue:
             )
         if entry.status == "done":
             self._counts["duplicate_completions"] += 1
+            return False
+        if self._wrong_weights(entry, weights_version):
             return False
         if entry.status == "leased":
             if entry.worker_id != worker_id:
@@ -327,13 +352,15 @@ class RequestQueue:
             self._release(entry, front=True)
         return [entry.request.request_id for entry in held]
 
-    def complete_many(self, worker_id: str, results: Sequence[tuple[str, torch.Tensor]]) -> list[bool]:
-        """`complete` for several requests at once; returns whether each was kept.
+    def complete_many(
+        self, worker_id: str, results: Sequence[tuple[str, torch.Tensor]], weights_version: int
+    ) -> list[bool]:
+        """`complete` for several requests made with θ_weights_version at once; returns whether each was kept.
 
         One call per denoising pass instead of one per request: over Ray each call is a round trip
         that the device spends waiting instead of computing.
         """
-        return [self.complete(worker_id, request_id, result) for request_id, result in results]
+        return [self.complete(worker_id, request_id, result, weights_version) for request_id, result in results]
 
     def expire(self, now: float | None = None) -> list[str]:
         """Send leases overdue at ``now`` (default: the clock) back to pending; returns their ids.
@@ -373,6 +400,16 @@ class RequestQueue:
             raise QueueError(f"unknown request id {request_id!r}: it was never submitted to this queue")
         return entry
 
+    def _wrong_weights(self, entry: _Entry, weights_version: int) -> bool:
+        """Whether work on ``entry`` was done with other weights than its request's; if so it is counted
+        and, when leased, the request goes back to the front of the queue for a worker holding the right ones."""
+        if weights_version == entry.request.weights_version:
+            return False
+        self._counts["wrong_weights"] += 1
+        if entry.status == "leased":
+            self._release(entry, front=True)
+        return True
+
     def _release(self, entry: _Entry, front: bool) -> None:
         """Leased -> pending, keeping the committed state; resumed work goes first."""
         self._leases[entry.worker_id].discard(entry.request.request_id)
@@ -386,19 +423,22 @@ class RequestQueue:
 class QueueClient(Protocol):
     """What a worker needs from the queue; `RequestQueue` (in-process) and `RemoteQueue` (Ray) both fit."""
 
-    def pull(self, worker_id: str, max_requests: int) -> list[Lease]: ...
+    def pull(self, worker_id: str, max_requests: int, weights_version: int) -> list[Lease]: ...
 
     def heartbeat(self, worker_id: str) -> list[str]: ...
 
     def commit(
-        self, worker_id: str, request_id: str, latent: torch.Tensor, step: int, keep_lease: bool = False
+        self, worker_id: str, request_id: str, latent: torch.Tensor, step: int, weights_version: int,
+        keep_lease: bool = False,
     ) -> bool: ...
 
-    def complete(self, worker_id: str, request_id: str, result: torch.Tensor) -> bool: ...
+    def complete(self, worker_id: str, request_id: str, result: torch.Tensor, weights_version: int) -> bool: ...
 
-    def complete_many(self, worker_id: str, results: Sequence[tuple[str, torch.Tensor]]) -> list[bool]: ...
+    def complete_many(
+        self, worker_id: str, results: Sequence[tuple[str, torch.Tensor]], weights_version: int
+    ) -> list[bool]: ...
 
-    def remaining(self) -> int: ...
+    def remaining(self, weights_version: int | None = None) -> int: ...
 
 
 QueueActor = ray.remote(RequestQueue)
@@ -410,25 +450,28 @@ class RemoteQueue:
     def __init__(self, handle: Any) -> None:
         self.handle = handle
 
-    def pull(self, worker_id: str, max_requests: int) -> list[Lease]:
-        return ray.get(self.handle.pull.remote(worker_id, max_requests))
+    def pull(self, worker_id: str, max_requests: int, weights_version: int) -> list[Lease]:
+        return ray.get(self.handle.pull.remote(worker_id, max_requests, weights_version))
 
     def heartbeat(self, worker_id: str) -> list[str]:
         return ray.get(self.handle.heartbeat.remote(worker_id))
 
     def commit(
-        self, worker_id: str, request_id: str, latent: torch.Tensor, step: int, keep_lease: bool = False
+        self, worker_id: str, request_id: str, latent: torch.Tensor, step: int, weights_version: int,
+        keep_lease: bool = False,
     ) -> bool:
-        return ray.get(self.handle.commit.remote(worker_id, request_id, latent, step, keep_lease))
+        return ray.get(self.handle.commit.remote(worker_id, request_id, latent, step, weights_version, keep_lease))
 
-    def complete(self, worker_id: str, request_id: str, result: torch.Tensor) -> bool:
-        return ray.get(self.handle.complete.remote(worker_id, request_id, result))
+    def complete(self, worker_id: str, request_id: str, result: torch.Tensor, weights_version: int) -> bool:
+        return ray.get(self.handle.complete.remote(worker_id, request_id, result, weights_version))
 
-    def complete_many(self, worker_id: str, results: Sequence[tuple[str, torch.Tensor]]) -> list[bool]:
-        return ray.get(self.handle.complete_many.remote(worker_id, list(results)))
+    def complete_many(
+        self, worker_id: str, results: Sequence[tuple[str, torch.Tensor]], weights_version: int
+    ) -> list[bool]:
+        return ray.get(self.handle.complete_many.remote(worker_id, list(results), weights_version))
 
-    def remaining(self) -> int:
-        return ray.get(self.handle.remaining.remote())
+    def remaining(self, weights_version: int | None = None) -> int:
+        return ray.get(self.handle.remaining.remote(weights_version))
 
 
 def start_queue_actor(lease_timeout_s: float = 10.0, resource: str | None = "on_demand") -> Any:

@@ -34,8 +34,9 @@ def start_elastic_sp(section: RuntimeSection, queue: Any, model: Any, ray_cluste
                        f"{model.config.num_heads} attention heads: use a divisor of {model.config.num_heads}")
     settings = ElasticSPSettings(sp_degrees={model.config.image_size: section.sp_degree},
                                  devices_per_node=section.sp_degree, min_step_s=section.min_step_s, poll_s=poll_s)
+    # Version -1: the start-up weights are no iteration's; the groups serve once start_iteration sets θ_i.
     elastic = ElasticSP(queue, model.config, ray.put(model_weights(model)), LocalSpotNodes(ray_cluster), settings,
-                        log_path, clock=clock)
+                        log_path, clock=clock, weights_version=-1)
     for name in initial:
         elastic.node_joined(name)
     deadline = time.monotonic() + section.node_timeout_s

@@ -298,7 +298,7 @@ class SpotCluster:
         round_ = self.round
         if round_ is None or round_.drained:
             return
-        if ray.get(self.queue.remaining.remote()) == 0:
+        if ray.get(self.queue.remaining.remote(round_.version)) == 0:
             round_.drained = True
             # Each group is one explorer to the planner: its device time is the round's wall time.
             round_.device_s = (self.now() - round_.opened_at) * max(1, self.explorers())
@@ -320,6 +320,8 @@ class SpotCluster:
         if round_ is None or result.call is None:
             return
         report = result.call.result
+        if report.weights_version != round_.version:  # a call of an earlier round, with other weights
+            return
         round_.device_s += result.call.end - result.call.start
         round_.pull_trips_s += report.pull_round_trip_s
         if report.stopped_by == "drained":

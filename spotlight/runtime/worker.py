@@ -17,6 +17,11 @@ TinyDiT row differs between batches of 1, 2-3 and ≥ 4). The worker therefore c
 batches of exactly ``forward_batch`` rows, padding the last chunk with copies of its first row: a
 request's result is then independent of which requests, and how many, share its worker, and equals
 that of any run that uses the same ``forward_batch``.
+
+One policy per request: the loop is given the weights version its model holds and declares it to
+the queue on every pull, commit and completion, so it is leased only requests made for those
+weights, and it counts as drained once none of them is left, even while requests for newer weights
+wait for workers that hold them.
 """
 
 from __future__ import annotations
@@ -94,7 +99,8 @@ class WorkerSettings:
 class WorkerReport:
     """What one worker did before it left its loop.
 
-    ``stopped_by``: "drained" (the queue had nothing left) or "preempted" (a notice). ``steps``:
+    ``weights_version``: the weights it served with. ``stopped_by``: "drained" (the queue had
+    nothing left for those weights) or "preempted" (a notice). ``steps``:
     request-steps denoised. ``completed`` / ``duplicates``: completions the queue kept / ignored.
     ``committed``: requests handed back on the notice; ``checkpoints``: progress commits that kept
     the lease; ``lost_leases``: in-flight requests dropped because their lease had lapsed.
@@ -102,6 +108,7 @@ class WorkerReport:
     """
 
     worker_id: str
+    weights_version: int
     stopped_by: Literal["drained", "preempted"] = "drained"
     steps: int = 0
     completed: int = 0
@@ -196,13 +203,15 @@ def worker_loop(
     model: Policy,
     settings: WorkerSettings,
     preempted: threading.Event,
+    weights_version: int,
 ) -> WorkerReport:
-    """Serve the queue until it is drained or ``preempted`` is set; returns what the worker did.
+    """Serve the queue's requests for θ_weights_version (``model``) until none is left or ``preempted``
+    is set; returns what the worker did.
 
     On ``preempted`` the worker finishes the step it is in, commits every in-flight request's
     (latent, step) — releasing its lease so another worker resumes it there — and returns.
     """
-    report = WorkerReport(worker_id)
+    report = WorkerReport(worker_id, weights_version)
     in_flight: dict[str, _InFlight] = {}
     last_heartbeat = time.perf_counter()
     next_pull = 0.0  # when an empty pull may be retried
@@ -210,14 +219,14 @@ def worker_loop(
         started = time.perf_counter()
         free = settings.capacity - len(in_flight)
         if free > 0 and (not in_flight or started >= next_pull):
-            leases = queue.pull(worker_id, free)
+            leases = queue.pull(worker_id, free, weights_version)
             report.pull_round_trip_s.append(time.perf_counter() - started)
             for lease in leases:  # a re-leased request replaces a stale copy of itself
                 in_flight[lease.request.request_id] = _start(model, lease)
             next_pull = 0.0 if leases else time.perf_counter() + settings.idle_wait_s
             _complete_finished(queue, worker_id, in_flight, report)  # a zero-step plan is done at once
         if not in_flight:
-            if queue.remaining() == 0:
+            if queue.remaining(weights_version) == 0:
                 return report
             preempted.wait(settings.idle_wait_s)
             continue
@@ -233,7 +242,8 @@ def worker_loop(
         if settings.checkpoint_every is not None and not preempted.is_set():
             for request_id, item in in_flight.items():
                 if item.steps_since_commit >= settings.checkpoint_every:
-                    report.checkpoints += queue.commit(worker_id, request_id, item.latent, item.step, True)
+                    report.checkpoints += queue.commit(worker_id, request_id, item.latent, item.step,
+                                                       weights_version, keep_lease=True)
                     item.steps_since_commit = 0
         if time.perf_counter() - last_heartbeat >= settings.heartbeat_s:
             held = set(queue.heartbeat(worker_id))
@@ -243,7 +253,7 @@ def worker_loop(
                 report.lost_leases += 1
         preempted.wait(max(0.0, settings.min_step_s - (time.perf_counter() - started)))
     for request_id, item in in_flight.items():
-        report.committed += queue.commit(worker_id, request_id, item.latent, item.step)
+        report.committed += queue.commit(worker_id, request_id, item.latent, item.step, weights_version)
     report.stopped_by = "preempted"
     return report
 
@@ -264,7 +274,8 @@ def _complete_finished(
     finished = [rid for rid, item in in_flight.items() if item.step == item.lease.request.plan.num_steps]
     if not finished:
         return
-    kept = queue.complete_many(worker_id, [(rid, in_flight.pop(rid).latent) for rid in finished])  # one round trip
+    kept = queue.complete_many(worker_id, [(rid, in_flight.pop(rid).latent) for rid in finished],
+                               report.weights_version)  # one round trip
     report.completed += sum(kept)
     report.duplicates += len(kept) - sum(kept)
 
@@ -284,6 +295,7 @@ class DenoiseWorker:
         queue: Any,
         model_config: ModelConfig | dict[str, Any],
         weights: dict[str, np.ndarray],
+        weights_version: int,
         settings: WorkerSettings | None = None,
         num_threads: int = 1,
     ) -> None:
@@ -291,6 +303,7 @@ class DenoiseWorker:
         self.worker_id = worker_id
         self.settings = settings or WorkerSettings()
         self.model = model_from_weights(model_config, weights)
+        self.weights_version = weights_version
         self.queue = RemoteQueue(queue)
         self.preempted = threading.Event()
 
@@ -300,7 +313,7 @@ class DenoiseWorker:
 
     def run(self) -> WorkerReport:
         """Serve the queue until drained or preempted; returns the `WorkerReport`."""
-        return worker_loop(self.queue, self.worker_id, self.model, self.settings, self.preempted)
+        return worker_loop(self.queue, self.worker_id, self.model, self.settings, self.preempted, self.weights_version)
 
     def notify_preemption(self) -> None:
         """Ask the loop to finish its current step, commit its in-flight requests and return."""

@@ -55,7 +55,7 @@ def test_sp2_group_matches_one_device_and_sees_weights_replaced_in_place(agent: 
     agent.form_groups(diff.formed)
     group = diff.formed[0]
     assert (group.generation, group.members) == (0, ("n0/0", "n0/1"))
-    request = Request("r0", "a red circle", 11, PLAN)
+    request = Request("r0", "a red circle", 11, PLAN, weights_version=0)
     latent = initial_latents([request.seed], CONFIG.latent_shape)[0]
     for step in range(PLAN.num_steps):
         latent = agent.run_step(group.name, request, latent, step)
@@ -72,7 +72,7 @@ def test_sp2_group_matches_one_device_and_sees_weights_replaced_in_place(agent: 
 
 def test_killed_member_breaks_the_group_and_the_request_resumes_bit_identical(agent: NodeAgent) -> None:
     (group,) = agent.groups()
-    request = Request("r1", "two blue squares", 5, PLAN)
+    request = Request("r1", "two blue squares", 5, PLAN, weights_version=0)
     uninterrupted = initial_latents([request.seed], CONFIG.latent_shape)[0]
     for step in range(PLAN.num_steps):
         uninterrupted = agent.run_step(group.name, request, uninterrupted, step)
@@ -80,7 +80,7 @@ def test_killed_member_breaks_the_group_and_the_request_resumes_bit_identical(ag
     queue = RequestQueue(lease_timeout_s=60.0)
     queue.submit([request])
     reports = []
-    serving = threading.Thread(target=lambda: reports.append(agent.serve(queue, group.name)))
+    serving = threading.Thread(target=lambda: reports.append(agent.serve(queue, group.name, 0)))
     serving.start()
     deadline = time.monotonic() + 60
     while queue.stats().checkpoints < 2 and time.monotonic() < deadline:
@@ -101,7 +101,7 @@ def test_killed_member_breaks_the_group_and_the_request_resumes_bit_identical(ag
     (reformed,) = diff.formed
     assert reformed.generation == group.generation + 1 and reformed.members == ("n0/0", "n0/2")
 
-    report = agent.serve(queue, reformed.name)
+    report = agent.serve(queue, reformed.name, 0)
     assert report.stopped_by == "drained" and report.completed == 1
     assert 0 < report.steps < PLAN.num_steps  # resumed from a committed step, not from scratch
     assert queue.stats().resumed == 1
@@ -122,7 +122,7 @@ def test_prompts_go_through_the_tokenizer_of_the_task_the_weights_were_trained_f
     model = randomised_tinydit(config, 2, 0.05)
     agent.load_weights(config, model.state_dict())  # new shapes: every device process re-attaches
     (group,) = agent.groups()
-    request = Request("r2", text.random_prompts(torch.Generator().manual_seed(0), 1)[0], 3, PLAN)
+    request = Request("r2", text.random_prompts(torch.Generator().manual_seed(0), 1)[0], 3, PLAN, weights_version=0)
     latent = initial_latents([request.seed], config.latent_shape)[0]
     for step in range(PLAN.num_steps):
         latent = agent.run_step(group.name, request, latent, step)

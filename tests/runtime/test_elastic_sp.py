@@ -58,17 +58,18 @@ class StandInAgent:
         self.stop.update({group.name: threading.Event() for group in groups})
         return dict.fromkeys((group.name for group in groups), 0.0)
 
-    def serve(self, queue: Any, group_name: str, min_step_s: float) -> ServeReport:
+    def serve(self, queue: Any, group_name: str, weights_version: int, min_step_s: float) -> ServeReport:
         worker_id, client = f"{self.node_id}:{group_name}", RemoteQueue(queue)
-        while self.finish and client.remaining():  # a finishing stand-in "denoises" to its weights' value
-            for lease in client.pull(worker_id, 1):
-                client.complete(worker_id, lease.request.request_id, torch.full(CONFIG.latent_shape, self.weights[-1]))
+        while self.finish and client.remaining(weights_version):  # a finishing stand-in "denoises" to its weights
+            for lease in client.pull(worker_id, 1, weights_version):
+                client.complete(worker_id, lease.request.request_id, torch.full(CONFIG.latent_shape, self.weights[-1]),
+                                weights_version)
             time.sleep(0.01)
         if self.finish:
             return ServeReport(group_name, "drained")
-        for lease in client.pull(worker_id, 1):
+        for lease in client.pull(worker_id, 1, weights_version):
             client.commit(worker_id, lease.request.request_id, torch.zeros(CONFIG.latent_shape), COMMITTED_STEP,
-                          keep_lease=True)
+                          weights_version, keep_lease=True)
         self.stop[group_name].wait(60)
         return ServeReport(group_name, "stopped")
 
@@ -119,10 +120,10 @@ def poll_until(controller: ElasticSP, done: Any, timeout_s: float = 20.0) -> Non
 def test_a_dead_agent_is_a_node_loss_its_request_resumes_and_the_node_restarts(ray_node: None, tmp_path: Path) -> None:
     queue = start_queue_actor(lease_timeout_s=600.0)  # expiry never rescues the request: the controller must
     plan = SamplingPlan(num_steps=8)
-    ray.get(queue.submit.remote([Request(f"r{i}", "a red circle", i, plan) for i in range(3)]))
+    ray.get(queue.submit.remote([Request(f"r{i}", "a red circle", i, plan, weights_version=0) for i in range(3)]))
     nodes, log_path = StandInNodes(), tmp_path / "reconfigurations.jsonl"
     controller = ElasticSP(queue, CONFIG, None, nodes, ElasticSPSettings(sp_degrees={16: 2}, agent_call_s=10.0),
-                           log_path)
+                           log_path, weights_version=0)
     controller.node_joined("n0")
     controller.node_joined("n1")
     poll_until(controller, lambda: len(controller.agents) == 2)
@@ -149,15 +150,16 @@ def test_one_controller_serves_batch_after_batch_each_with_the_weights_set_befor
     queue = start_queue_actor(lease_timeout_s=600.0)
     plan, nodes = SamplingPlan(num_steps=8), StandInNodes(finish=True)
     controller = ElasticSP(queue, CONFIG, 1.0, nodes, ElasticSPSettings(sp_degrees={16: 2}, agent_call_s=10.0),
-                           tmp_path / "reconfigurations.jsonl")
+                           tmp_path / "reconfigurations.jsonl", weights_version=0)
     controller.node_joined("n0")
     poll_until(controller, lambda: len(controller.agents) == 1)
     for batch, weights in enumerate([1.0, 2.0]):
         if batch:
-            controller.set_weights(weights)
+            controller.set_weights(weights, batch)
             controller.node_joined("n1")  # joins with the weights of this batch
         ids = [f"b{batch}-{i}" for i in range(4)]
-        ray.get(queue.submit.remote([Request(rid, "a red circle", i, plan) for i, rid in enumerate(ids)]))
+        ray.get(queue.submit.remote([Request(rid, "a red circle", i, plan, weights_version=batch)
+                                     for i, rid in enumerate(ids)]))
         controller.serve()
         serve_until_drained(controller, replay=None, timeout_s=20.0)
         results = ray.get(queue.take_results.remote(ids))
@@ -165,8 +167,8 @@ def test_one_controller_serves_batch_after_batch_each_with_the_weights_set_befor
     poll_until(controller, lambda: len(controller.agents) == 2)
     assert [ray.get(agent.loaded.remote()) for _, agent in nodes.started] == [[1.0, 2.0], [2.0]]
     with pytest.raises(RuntimeError, match="groups are serving"):
-        ray.get(queue.submit.remote([Request("b2-0", "a red circle", 0, plan)]))
+        ray.get(queue.submit.remote([Request("b2-0", "a red circle", 0, plan, weights_version=1)]))
         controller.serve()
-        controller.set_weights(3.0)
+        controller.set_weights(3.0, 2)
     serve_until_drained(controller, replay=None, timeout_s=20.0)
     controller.shutdown()

@@ -58,7 +58,8 @@ def make_requests(count: int) -> list[Request]:
     prompts = [spec.text for spec in all_prompts()]
     rng = random.Random(7)
     return [
-        Request(f"r{index:04d}", rng.choice(prompts), rng.randrange(2**31), PLANS[index % len(PLANS)])
+        Request(f"r{index:04d}", rng.choice(prompts), rng.randrange(2**31), PLANS[index % len(PLANS)],
+                weights_version=0)
         for index in range(count)
     ]
 
@@ -82,7 +83,7 @@ def test_every_request_completes_exactly_once_and_bit_identical_through_preempti
         worker_id = f"worker-{spawned:03d}"
         spawned += 1
         handle = DenoiseWorker.options(resources={"spot": 1}).remote(
-            worker_id, queue, model.config, weights, SETTINGS
+            worker_id, queue, model.config, weights, 0, SETTINGS
         )
         live[worker_id] = (handle, handle.run.remote())
 

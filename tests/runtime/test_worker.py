@@ -63,7 +63,7 @@ def model(tiny_base_model: Path) -> TinyDiT:
 
 def make_requests(count: int) -> list[Request]:
     return [
-        Request(f"r{index}", PROMPTS[index % len(PROMPTS)], 500 + index, PLANS[index % len(PLANS)])
+        Request(f"r{index}", PROMPTS[index % len(PROMPTS)], 500 + index, PLANS[index % len(PLANS)], weights_version=0)
         for index in range(count)
     ]
 
@@ -118,7 +118,7 @@ def test_a_worker_drains_the_queue_with_results_equal_to_an_uninterrupted_sample
     requests = make_requests(9)
     queue = RequestQueue()
     queue.submit(requests)
-    report = worker_loop(queue, "a", model, settings(), threading.Event())
+    report = worker_loop(queue, "a", model, settings(), threading.Event(), weights_version=0)
     assert report.stopped_by == "drained"
     assert report.completed == 9 and report.steps == sum(request.plan.num_steps for request in requests)
     assert_bit_identical(queue.results(), reference(model, requests))
@@ -133,14 +133,14 @@ def test_a_notice_mid_step_finishes_that_step_commits_and_another_worker_resumes
     preempted = threading.Event()
     # Two groups per pass (one per plan); the notice comes during the 3rd model call: pass 2, group 1.
     hooked = CallHook(model, lambda call: preempted.set() if call == 3 else None)
-    report = worker_loop(queue, "a", hooked, settings(), preempted)
+    report = worker_loop(queue, "a", hooked, settings(), preempted, weights_version=0)
     assert report.stopped_by == "preempted" and report.committed == 4 and report.completed == 0
-    leases = queue.pull("b", 10)
+    leases = queue.pull("b", 10, weights_version=0)
     steps = {lease.request.plan: lease.step for lease in leases}
     assert steps == {PLANS[0]: 2, PLANS[1]: 1}  # the step in progress was finished, the next not begun
     for lease in leases:
-        queue.commit("b", lease.request.request_id, lease.latent, lease.step)  # hand back for the loop
-    assert worker_loop(queue, "b", model, settings(), threading.Event()).completed == 4
+        queue.commit("b", lease.request.request_id, lease.latent, lease.step, weights_version=0)  # for the loop
+    assert worker_loop(queue, "b", model, settings(), threading.Event(), weights_version=0).completed == 4
     assert_bit_identical(queue.results(), reference(model, requests))
 
 
@@ -155,13 +155,14 @@ def test_a_crashed_worker_is_resumed_from_its_last_checkpoint_after_its_leases_e
             raise Crash("killed without notice")
 
     with pytest.raises(Crash):
-        worker_loop(queue, "a", CallHook(model, crash_on_third), settings(checkpoint_every=2), threading.Event())
+        worker_loop(queue, "a", CallHook(model, crash_on_third), settings(checkpoint_every=2), threading.Event(),
+                    weights_version=0)
     clock[0] += 5.0
-    leases = queue.pull("b", 10)
+    leases = queue.pull("b", 10, weights_version=0)
     assert [lease.step for lease in leases] == [2, 2]  # step 3 was lost with the crash, steps 1-2 were not
     for lease in leases:
-        queue.commit("b", lease.request.request_id, lease.latent, lease.step)
-    report = worker_loop(queue, "b", model, settings(), threading.Event())
+        queue.commit("b", lease.request.request_id, lease.latent, lease.step, weights_version=0)
+    report = worker_loop(queue, "b", model, settings(), threading.Event(), weights_version=0)
     assert report.steps == 2 * 2
     assert_bit_identical(queue.results(), reference(model, requests))
 
@@ -176,15 +177,31 @@ def test_a_worker_drops_requests_whose_lease_lapsed_and_never_completes_them(mod
     def stall(call: int) -> None:  # worker "a" stalls past its lease; "b" takes its requests and finishes
         if call == 1:
             clock[0] += 5.0
-            stolen.extend(lease.request.request_id for lease in queue.pull("b", 10))
+            stolen.extend(lease.request.request_id for lease in queue.pull("b", 10, weights_version=0))
             for request_id in stolen:
-                queue.complete("b", request_id, torch.zeros(model.config.latent_shape))
+                queue.complete("b", request_id, torch.zeros(model.config.latent_shape), weights_version=0)
 
-    report = worker_loop(queue, "a", CallHook(model, stall), settings(heartbeat_s=1e-6), threading.Event())
+    report = worker_loop(queue, "a", CallHook(model, stall), settings(heartbeat_s=1e-6), threading.Event(),
+                         weights_version=0)
     assert stolen == ["r0", "r1"]
     assert report.lost_leases == 2 and report.completed == report.duplicates == 0
     assert report.stopped_by == "drained"
     assert all(torch.equal(result, torch.zeros(model.config.latent_shape)) for result in queue.results().values())
+
+
+def test_a_device_still_holding_theta_v_cannot_complete_a_request_for_theta_v_plus_1(model: TinyDiT) -> None:
+    old_round = make_requests(2)  # θ_0's round, cancelled before it was done
+    next_round = [Request(f"n{r.request_id}", r.prompt, r.seed, r.plan, weights_version=1) for r in make_requests(3)]
+    queue = RequestQueue()
+    queue.submit(old_round)
+    queue.cancel([request.request_id for request in old_round])
+    queue.submit(next_round)
+    stale = worker_loop(queue, "still-theta-0", model, settings(), threading.Event(), weights_version=0)
+    assert (stale.stopped_by, stale.steps, stale.completed) == ("drained", 0, 0)
+    assert queue.remaining(weights_version=1) == 3 and queue.stats().leases_granted == 0
+    fresh = worker_loop(queue, "holds-theta-1", model, settings(), threading.Event(), weights_version=1)
+    assert fresh.completed == 3 and fresh.weights_version == 1
+    assert_bit_identical(queue.results(), {f"n{rid}": r for rid, r in reference(model, make_requests(3)).items()})
 
 
 def test_settings_refuse_values_that_cannot_work() -> None:
@@ -219,7 +236,7 @@ def test_denoise_worker_actor_commits_on_notice_and_its_replacement_finishes_bit
     handle = start_queue_actor(lease_timeout_s=30.0)
     weights = ray.put(model_weights(model))
     paced = settings(min_step_s=0.5)  # a slow "device", so the notice lands mid-sample
-    first = DenoiseWorker.options(resources={"spot": 1}).remote("a", handle, model.config, weights, paced)
+    first = DenoiseWorker.options(resources={"spot": 1}).remote("a", handle, model.config, weights, 0, paced)
     ray.get(first.ready.remote())
     ray.get(handle.submit.remote(requests))
     run = first.run.remote()
@@ -231,7 +248,7 @@ def test_denoise_worker_actor_commits_on_notice_and_its_replacement_finishes_bit
     assert report.stopped_by == "preempted" and report.committed == 6 and report.completed == 0
     assert ray.get(handle.stats.remote()).commits == 6
 
-    second = DenoiseWorker.options(resources={"spot": 1}).remote("b", handle, model.config, weights, settings())
+    second = DenoiseWorker.options(resources={"spot": 1}).remote("b", handle, model.config, weights, 0, settings())
     report = ray.get(second.run.remote(), timeout=60)
     assert report.completed == 6 and report.steps < sum(request.plan.num_steps for request in requests)
     assert_bit_identical(ray.get(handle.results.remote()), reference(model, requests))
