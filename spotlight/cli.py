@@ -132,8 +132,9 @@ def train(
     """
     cfg = load_config(TrainConfig, config, [*(set_ or []), *([f"runtime.address={address}"] if address else [])])
     from spotlight.pipeline import train as run_train
+    from spotlight.run_dir import ensure_run_dir
 
-    run_log = Path(cfg.run_dir) / RUN_LOG_NAME
+    run_log = ensure_run_dir(Path(cfg.run_dir)) / RUN_LOG_NAME  # a run_dir that cannot be used: one line
     if isinstance(ctx.obj, CommandState):
         ctx.obj.run_log = run_log
     with ExitStack() as stack:

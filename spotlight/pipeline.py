@@ -51,7 +51,7 @@ from spotlight.rl.grpo import grpo_update
 from spotlight.rl.manifest import write_text_durably
 from spotlight.rl.nft import nft_update
 from spotlight.rollout import Rollout, score_rollout
-from spotlight.run_dir import RunDirLock, check_resume_config, read_metrics
+from spotlight.run_dir import RunDirLock, check_resume_config, read_metrics, write_failed
 from spotlight.run_error import RunError
 from spotlight.runtime.cores import pinned
 from spotlight.seed_choice import Exploration
@@ -225,7 +225,10 @@ class Trainer:
                 if last:
                     break
         finally:
-            metrics_file.close()
+            try:
+                metrics_file.close()
+            except OSError:  # the failed write's bytes are still buffered; the error is already on its way
+                pass
             try:
                 self.backend.close()
             finally:
@@ -276,14 +279,20 @@ class Trainer:
 
     def checkpoint(self, done: int) -> None:
         """Write the checkpoint after ``done`` iterations: weights, optimizer, EMA and the loop's state."""
-        save_training_checkpoint(self.run_dir, done, self.model, self.optimizer, self.ema, {
-            "previous": self.previous.broadcast_state(), "monitor": self.monitor.state_dict(),
-            "planner": None if self.planner is None else self.planner.state_dict(), "budget_s": self.budget_s})
+        try:
+            save_training_checkpoint(self.run_dir, done, self.model, self.optimizer, self.ema, {
+                "previous": self.previous.broadcast_state(), "monitor": self.monitor.state_dict(),
+                "planner": None if self.planner is None else self.planner.state_dict(), "budget_s": self.budget_s})
+        except OSError as error:  # disk full, read-only: one line; the checkpoint before this one stays
+            raise write_failed(self.run_dir / "checkpoints", error, self.run_dir) from error
 
     def _log(self, metrics_file, record: dict[str, Any], on_iteration) -> None:
         self.history.append(record)
-        metrics_file.write(json.dumps(record) + "\n")
-        metrics_file.flush()
+        try:
+            metrics_file.write(json.dumps(record) + "\n")
+            metrics_file.flush()
+        except OSError as error:  # disk full, read-only: one line; the lines before this one stay
+            raise write_failed(self.run_dir / "metrics.jsonl", error, self.run_dir) from error
         if on_iteration is not None:
             on_iteration(record["iteration"], record)
 

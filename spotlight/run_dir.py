@@ -24,7 +24,8 @@ import yaml
 from spotlight.config import TrainConfig, parse_config
 from spotlight.schema import ConfigError
 
-__all__ = ["SAFE_TO_CHANGE", "RunDirError", "RunDirLock", "check_resume_config", "read_metrics"]
+__all__ = ["SAFE_TO_CHANGE", "RunDirError", "RunDirLock", "check_resume_config", "ensure_run_dir", "read_metrics",
+           "write_failed"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,16 +42,32 @@ class RunDirError(RuntimeError):
     """The run directory cannot be used as asked; the message is one line naming the cause and the fix."""
 
 
+def ensure_run_dir(run_dir: Path) -> Path:
+    """Create ``run_dir`` if needed and return it; a one-line `RunDirError` when it cannot hold a run.
+
+    Called before anything is written there (the run's log included), so a run_dir that is a file,
+    lies inside a file, or on a file system that refuses it fails with its cause, not a traceback.
+    """
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"run_dir {run_dir} is a file: set run_dir to a directory path")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise RunDirError(f"cannot use run_dir {run_dir} ({error.strerror or error}): choose a writable "
+                          "directory") from None
+    if not os.access(run_dir, os.W_OK | os.X_OK):
+        raise RunDirError(f"cannot use run_dir {run_dir} (not writable): choose a writable directory")
+    return run_dir
+
+
 class RunDirLock:
     """An exclusive lock on a run directory, held until `release` (or until this process ends)."""
 
     def __init__(self, run_dir: Path) -> None:
         self._fd: int | None = None
-        run_dir = Path(run_dir)
-        if run_dir.exists() and not run_dir.is_dir():
-            raise RunDirError(f"run_dir {run_dir} is a file: set run_dir to a directory path")
+        run_dir = ensure_run_dir(run_dir)
         try:
-            run_dir.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as error:
             raise RunDirError(f"cannot use run_dir {run_dir} ({error.strerror or error}): choose a writable "
@@ -74,6 +91,19 @@ class RunDirLock:
 
     def __del__(self) -> None:
         self.release()
+
+
+def write_failed(path: Path, error: OSError, run_dir: Path) -> RunDirError:
+    """The one-line error for a write into the run directory that failed (disk full, read-only, too large).
+
+    What was written before stays: metrics lines are appended whole and flushed one by one, and a
+    checkpoint appears only by an atomic rename, so the message can promise that ``--resume`` continues
+    from the last complete checkpoint.
+    """
+    checkpoints = sorted(path.name for path in (Path(run_dir) / "checkpoints").glob("iter-*"))
+    last = checkpoints[-1] if checkpoints else "none yet"
+    return RunDirError(f"cannot write {path} ({error.strerror or error}): free space on its disk or make it writable, "
+                       f"then continue with --resume (last complete checkpoint: {last}; what was written stays)")
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
