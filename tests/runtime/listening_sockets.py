@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 from pathlib import Path
 
 LISTEN = "0A"
@@ -35,3 +36,52 @@ def listening() -> dict[int, set[str]]:
 
 def is_loopback(address: str) -> bool:
     return ipaddress.ip_address(address).is_loopback
+
+
+def _descendants(root: int) -> set[int]:
+    """``root`` and every process below it (Ray's node processes are the driver's children, workers theirs)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):  # a process that ended while we looked
+            continue
+        children.setdefault(parent, []).append(int(entry.name))
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        found.add(pid)
+        todo += children.get(pid, [])
+    return found
+
+
+def listening_of_tree(root: int) -> list[tuple[int, str, str, int]]:
+    """The listening TCP sockets held by ``root`` and its descendants: (pid, process name, address, port).
+
+    Sockets are matched to processes by inode (/proc/<pid>/fd links), so other runs on the machine
+    never count as this one's.
+    """
+    by_inode: dict[str, tuple[str, int]] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        path = Path(table)
+        if not path.is_file():
+            continue
+        for line in path.read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == LISTEN:
+                address, port = fields[1].split(":")
+                by_inode[fields[9]] = (_address(address), int(port, 16))
+    sockets = []
+    for pid in sorted(_descendants(root)):
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+            links = [os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()]
+        except OSError:
+            continue
+        for link in links:
+            inode = link[len("socket:["):-1] if link.startswith("socket:[") else None
+            if inode in by_inode:
+                sockets.append((pid, name, *by_inode[inode]))
+    return sockets
