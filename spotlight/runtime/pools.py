@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import ray
+import ray._private.ray_constants as ray_constants
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -52,6 +53,31 @@ def _init_kwargs() -> dict[str, Any]:
     return {"include_dashboard": False, "logging_level": "ERROR", "log_to_driver": False}
 
 
+def _loopback_only() -> Callable[[], None]:
+    """Make the nodes started from now on (and this driver) use 127.0.0.1 only; returns the undo.
+
+    Every node of a `LocalCluster` is on this machine, yet Ray resolves a node's address to the machine's
+    outward IP and its GCS, raylets and workers then listen on all interfaces, open to anyone who reaches
+    the ports. Ray treats a machine as single-node (as it does on macOS and Windows) when
+    RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER is 0: node addresses are 127.0.0.1 and every gRPC server binds it
+    alone (tests/runtime/test_ray_listening.py checks each socket). Ray read the variable at import, so
+    its constant is set too; the environment carries it to the node processes. An attached cluster
+    (--address) spans machines and keeps Ray's default.
+    """
+    saved_env, saved_flag = os.environ.get(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+    def undo() -> None:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+        if saved_env is None:
+            os.environ.pop(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, None)
+        else:
+            os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = saved_env
+
+    return undo
+
+
 class LocalCluster:
     """Logical Ray nodes on this machine: an on-demand head and spot nodes that come and go."""
 
@@ -60,6 +86,7 @@ class LocalCluster:
         from ray.cluster_utils import Cluster
 
         kwargs = _init_kwargs()  # system_config: Ray's cluster-wide settings (e.g. a tolerant health check)
+        self._loopback_only = _loopback_only()
         self._object_store = object_store_mb * 1024 * 1024
         self._node_timeout_s = node_timeout_s
         try:
@@ -110,6 +137,7 @@ class LocalCluster:
         self._closed = True
         ray.shutdown()
         self.cluster.shutdown()
+        self._loopback_only()
 
 
 def attach_cluster(address: str) -> dict[str, tuple[str, int]]:

@@ -35,7 +35,10 @@ def listening() -> dict[int, set[str]]:
 
 
 def is_loopback(address: str) -> bool:
-    return ipaddress.ip_address(address).is_loopback
+    """Whether ``address`` is reachable from this machine only (an IPv4-mapped ::ffff:127.x counts)."""
+    ip = ipaddress.ip_address(address)
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return (mapped or ip).is_loopback
 
 
 def _descendants(root: int) -> set[int]:

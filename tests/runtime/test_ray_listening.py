@@ -4,10 +4,9 @@ The runtime is started the way ``spotlight train`` starts it (`LocalCluster`: th
 spot node, the queue actor pinned to the head); its processes' listening sockets are read from the
 kernel and matched to them by inode, so other Ray clusters on the machine do not count.
 
-Known gap (marked xfail, strict: the test fails the day it passes so the mark comes off): Ray 2.60's
-GCS, raylets and core workers bind their gRPC servers to all interfaces ("::"), and the runtime-env
-agent to the node's address. Passing ``node_ip_address="127.0.0.1"`` to the nodes was tried and left
-the driver unable to reach the GCS; token auth was reverted earlier (spot nodes failed to start under load).
+Ray binds a node's gRPC servers to 127.0.0.1 only when it resolves the node's address to 127.0.0.1,
+which `LocalCluster` arranges (`spotlight.runtime.pools._loopback_only`); without it the GCS, raylets
+and workers listened on "::" and the runtime-env agents on the machine's outward address.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from spotlight.runtime.queue import start_queue_actor
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="Ray 2.60 binds its gRPC servers to all interfaces (see the module docstring)")
 def test_no_listening_socket_of_the_local_runtime_is_on_a_non_loopback_address() -> None:
     cluster = LocalCluster(node_timeout_s=240.0)
     try:
