@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 LISTEN = "0A"
@@ -17,20 +18,24 @@ def _address(hex_address: str) -> str:
     return str(ipaddress.IPv6Address(b"".join(words)))
 
 
-def listening() -> dict[int, set[str]]:
-    """Every listening TCP port of this network namespace -> the local addresses it listens on."""
-    ports: dict[int, set[str]] = {}
+def _listening_rows() -> Iterator[tuple[str, int, str]]:
+    """(address, port, socket inode) of every listening TCP socket in this network namespace."""
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         path = Path(table)
         if not path.is_file():
             continue
         for line in path.read_text().splitlines()[1:]:
             fields = line.split()
-            local, state = fields[1], fields[3]
-            if state != LISTEN:
-                continue
-            address, port = local.split(":")
-            ports.setdefault(int(port, 16), set()).add(_address(address))
+            if fields[3] == LISTEN:
+                address, port = fields[1].split(":")
+                yield _address(address), int(port, 16), fields[9]
+
+
+def listening() -> dict[int, set[str]]:
+    """Every listening TCP port of this network namespace -> the local addresses it listens on."""
+    ports: dict[int, set[str]] = {}
+    for address, port, _ in _listening_rows():
+        ports.setdefault(port, set()).add(address)
     return ports
 
 
@@ -66,16 +71,7 @@ def listening_of_tree(root: int) -> list[tuple[int, str, str, int]]:
     Sockets are matched to processes by inode (/proc/<pid>/fd links), so other runs on the machine
     never count as this one's.
     """
-    by_inode: dict[str, tuple[str, int]] = {}
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        path = Path(table)
-        if not path.is_file():
-            continue
-        for line in path.read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[3] == LISTEN:
-                address, port = fields[1].split(":")
-                by_inode[fields[9]] = (_address(address), int(port, 16))
+    by_inode = {inode: (address, port) for address, port, inode in _listening_rows()}
     sockets = []
     for pid in sorted(_descendants(root)):
         try:
