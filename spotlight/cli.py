@@ -213,8 +213,9 @@ def eval_(
     Console().print(table)
 
 
-# stale-explore is spotlight's seeds without its devices: a measurement of staleness, not a cluster to simulate
-ALL_SIM_MODES = ",".join(mode for mode in Mode if not mode.single_process_only)
+# stale-explore is spotlight's seeds without its devices: a measurement of staleness, not a cluster to simulate;
+# disaggregated has its own simulated ladder (benchmarks/disaggregated.py --simulate)
+ALL_SIM_MODES = ",".join(mode for mode in Mode if not mode.single_process_only and mode is not Mode.DISAGGREGATED)
 
 
 def _parse_modes(modes: str) -> list[Mode]:

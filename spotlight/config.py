@@ -12,6 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from spotlight.disagg.settings import DisaggSection
 from spotlight.explore.planner import PlannerConfig
 from spotlight.models.policy_section import PolicySection
 from spotlight.modes import Mode
@@ -148,6 +149,7 @@ class TrainConfig(Section):
     eval: EvalSection = EvalSection()
     runtime: RuntimeSection = RuntimeSection()
     model: PolicySection = PolicySection()  # tinydit (base_checkpoint) or a tiny diffusers family with LoRA
+    disagg: DisaggSection = DisaggSection()  # mode disaggregated's switches (spotlight/disagg/settings.py)
 
     def device_core(self, device: int) -> int | None:
         """The core of device ``device`` (0: the trainer / on-demand device, k + 1: spot device k); None: unpinned."""
@@ -212,6 +214,26 @@ class TrainConfig(Section):
                 f"explore.num_candidates must be >= rollout.group_size "
                 f"({self.explore.num_candidates} < {self.rollout.group_size})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _disaggregated_takes_one_step_per_batch(self) -> TrainConfig:
+        if self.mode is not Mode.DISAGGREGATED:
+            return self
+        if self.train.num_epochs != 1 or self.train.num_minibatches != 1:
+            raise ValueError(
+                f"mode disaggregated takes one optimizer step per logical batch (GAP equals the one-shot update "
+                f"only then): set train.num_epochs=1 and train.num_minibatches=1 (got {self.train.num_epochs} and "
+                f"{self.train.num_minibatches})")
+        if self.explore.planner is not None or self.runtime.sp_degree > 1 or self.runtime.address is not None:
+            raise ValueError("mode disaggregated runs on a local cluster with its own exploration (disagg.explore): "
+                             "set explore.planner null, runtime.sp_degree 1 and runtime.address null")
+        if self.disagg.explore and self.disagg.async_one_step:
+            raise ValueError("disagg.explore fills the generators' idle time, which async_one_step leaves none of: "
+                             "turn one of them off")
+        if self.disagg.explore and self.disagg.explore_candidates < self.rollout.group_size:
+            raise ValueError(f"disagg.explore_candidates must be >= rollout.group_size "
+                             f"({self.disagg.explore_candidates} < {self.rollout.group_size})")
         return self
 
     @model_validator(mode="after")

@@ -21,6 +21,7 @@ class Mode(StrEnum):
     STALE_EXPLORE = "stale-explore"  # explore P_i with θ_{i-1}, in one process (measures staleness alone)
     SPOT_ROLLOUT = "spot-rollout"  # random seeds, the rollout spread over spot devices
     SPOTLIGHT = "spotlight"  # explore P_{i+1} with θ_i on spot devices while θ_i trains
+    DISAGGREGATED = "disaggregated"  # generator and trainer devices apart (DigenRL): groups train as they arrive
 
     @property
     def explores(self) -> bool:
@@ -35,7 +36,12 @@ class Mode(StrEnum):
     @property
     def on_ray(self) -> bool:
         """Whether the mode always runs on the Ray runtime (the others do with ``runtime.use_ray``)."""
-        return self in (Mode.SPOT_ROLLOUT, Mode.SPOTLIGHT)
+        return self in (Mode.SPOT_ROLLOUT, Mode.SPOTLIGHT, Mode.DISAGGREGATED)
+
+    @property
+    def streams_groups(self) -> bool:
+        """Whether the update trains groups as the backend delivers them (disaggregated), not one whole batch."""
+        return self is Mode.DISAGGREGATED
 
     @property
     def rents_spot(self) -> bool:

@@ -11,7 +11,8 @@ from spotlight.modes import Mode
 def test_a_mode_is_its_config_string_and_parses_from_yaml_overrides() -> None:
     for mode in Mode:
         config = load_config(TrainConfig, None, [f"mode={mode.value}", "explore.num_candidates=8",
-                                                 "rollout.group_size=8"])
+                                                 "rollout.group_size=8", "train.num_epochs=1",
+                                                 "train.num_minibatches=1"])
         assert config.mode is mode and config.mode == mode.value
         assert config.model_dump(mode="json")["mode"] == mode.value  # config.yaml keeps the plain name
 
@@ -23,10 +24,10 @@ def test_which_modes_explore_with_which_weights() -> None:
 
 
 def test_where_each_mode_runs() -> None:
-    assert [m for m in Mode if m.on_ray] == [Mode.SPOT_ROLLOUT, Mode.SPOTLIGHT]
+    assert [m for m in Mode if m.on_ray] == [Mode.SPOT_ROLLOUT, Mode.SPOTLIGHT, Mode.DISAGGREGATED]
     assert [m for m in Mode if m.single_process_only] == [Mode.STALE_EXPLORE]
     assert not any(m.on_ray and m.single_process_only for m in Mode)
-    assert [m for m in Mode if not m.rents_spot] == [Mode.VANILLA, Mode.STALE_EXPLORE]
+    assert [m for m in Mode if not m.rents_spot] == [Mode.VANILLA, Mode.STALE_EXPLORE, Mode.DISAGGREGATED]
 
 
 @pytest.mark.parametrize(("mode", "use_ray", "expected"), [
