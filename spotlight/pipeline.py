@@ -9,9 +9,19 @@
     spot-rollout   (Ray) spot devices help the rollout and idle during training
     spotlight      (Ray) stale exploration on spot devices hidden behind training
 
+    disaggregated  (Ray) generator devices apart from the trainer (DigenRL): groups are trained as they
+                   complete while generators sample the rest (`spotlight.backends.disaggregated`)
+
 What differs between modes is where sampling runs and with which weights: a backend
-(`spotlight.backends`: this process, or the Ray device pools) behind one interface. The loop
-owns the models, the optimizer, the run directory, validation and checkpoints.
+(`spotlight.backends`: this process, the Ray device pools, or disaggregated generators) behind one
+interface. The loop owns the models, the optimizer, the run directory, validation and checkpoints.
+
+The update consumes the rollout as the backend delivers it. One-shot backends deliver the whole
+scored batch (`Rollout`) before training starts and the update is the repository's `nft_update` /
+`grpo_update`. The disaggregated backend delivers a stream of complete groups (`GroupStream`) that the
+update (`spotlight.disagg.loop_update.GroupedUpdate`) trains one by one, taking one optimizer step
+once the last is in; its rollout metrics are complete once the stream is consumed, which is why the
+iteration reads them after the update.
 
 Every random choice of iteration i (its prompts, its candidate seeds, its shuffles) comes from
 generators keyed by (run seed, i) (`spotlight.streams`), so a resumed run continues with exactly the
@@ -31,8 +41,11 @@ from typing import Any
 import torch
 
 from spotlight.backends import TrainerView, check_backend, open_backend
+from spotlight.backends.disaggregated_stream import GroupStream
 from spotlight.base_policy import build_policy
 from spotlight.config import TrainConfig, TrainSection, dump_config
+from spotlight.disagg.loop_update import GroupedUpdate
+from spotlight.disagg.versions import VersionGate
 from spotlight.evaluation import evaluate
 from spotlight.explore.planner import ExplorationPlanner, PlannerConfig
 from spotlight.explore.staleness import StalenessMonitor
@@ -50,7 +63,7 @@ from spotlight.rl.checkpoint import (
 from spotlight.rl.grpo import grpo_update
 from spotlight.rl.manifest import write_text_durably
 from spotlight.rl.nft import nft_update
-from spotlight.rollout import Rollout, score_rollout
+from spotlight.rollout import Rollout, rollout_plan, score_rollout
 from spotlight.run_dir import RunDirLock, check_resume_config, read_metrics, write_failed
 from spotlight.run_error import RunError
 from spotlight.runtime.cores import pinned
@@ -122,6 +135,8 @@ class Trainer:
         self.ema = copy.deepcopy(self.model).requires_grad_(False) if config.train.ema_decay else None
         self.previous = copy.deepcopy(self.model).requires_grad_(False)  # θ_{i-1} for stale exploration
         self.optimizer = build_optimizer(self.model, config.train)
+        self.grouped = GroupedUpdate(self.model, self.reference, self.optimizer, config.train, config.seed,
+                                     config.disagg.tsp, VersionGate(config.disagg.async_one_step))
         self.monitor = StalenessMonitor(config.explore.staleness_floor)
         planner = planner_config(config)
         self.planner = ExplorationPlanner(planner) if planner is not None else None
@@ -242,8 +257,7 @@ class Trainer:
         prompts = iteration_prompts(self.train_prompts, config.seed, iteration, config.rollout.prompts_per_iteration)
         backend.start_iteration(iteration)  # θ_i to every device that samples with it
         seeds = backend.choose_seeds(iteration, prompts, self.budget_s)  # random, or explored with θ_i / θ_{i-1}
-        samples = backend.rollout(iteration, prompts, seeds.seeds)  # G samples per prompt with θ_i
-        scored = score_rollout(self.model, prompts, seeds.seeds, samples, config, self.reward)  # reward → advantages
+        scored = self.rollout(iteration, prompts, seeds.seeds)  # G samples per prompt with θ_i, scored
         self.observe_plan(seeds, scored)
         backend.training_started(iteration, self.budget_s)  # spotlight: spot devices explore P_{i+1} with θ_i
         update = self.update(iteration, scored)  # θ_i → θ_{i+1}
@@ -251,12 +265,19 @@ class Trainer:
         usage = backend.training_ended(iteration)
         return {"iteration": iteration + 1, **scored.metrics, **seeds.metrics, **update, **usage}
 
-    def observe_plan(self, seeds: Exploration, scored: Rollout) -> None:
+    def rollout(self, iteration: int, prompts: list[str], seeds: torch.Tensor) -> Rollout | GroupStream:
+        """The scored rollout: sampled and scored whole now, or (disaggregated) groups streamed to the update."""
+        if self.config.mode.streams_groups:
+            return self.backend.rollout_stream(iteration, prompts, seeds, self.optimizer)
+        samples = self.backend.rollout(iteration, prompts, seeds)
+        return score_rollout(self.model, prompts, seeds, samples, self.config, self.reward)  # reward → advantages
+
+    def observe_plan(self, seeds: Exploration, scored: Rollout | GroupStream) -> None:
         """Tell the planner the reward variance its plan's seeds gave (its bandit's reward)."""
         if self.planner is not None and seeds.plan is not None:
             self.planner.observe_reward(seeds.plan, scored.metrics["rollout/group_reward_var"])
 
-    def update(self, iteration: int, scored: Rollout) -> dict[str, float]:
+    def update(self, iteration: int, scored: Rollout | GroupStream) -> dict[str, float]:
         """θ_i → θ_{i+1} on a scored rollout (θ_i kept as ``previous``); the update's metrics and time/train_s.
 
         The training time becomes the next exploration budget: what exploration hides behind.
@@ -264,6 +285,10 @@ class Trainer:
         section = self.config.train
         self.previous.load_broadcast_state(self.model.broadcast_state())
         generator = iteration_generator(self.config.seed, iteration, Stream.UPDATE)
+        if isinstance(scored, GroupStream):  # groups trained as they arrive; one optimizer step
+            update = self.grouped.update(iteration, scored, scored.num_groups, rollout_plan(self.config), generator)
+            self.budget_s = update["time/train_s"]
+            return update
         started = time.perf_counter()
         if section.algorithm == "nft":  # θ_i (previous) drew the rollout: NFT's sampling policy
             update = nft_update(self.model, self.previous, self.optimizer, scored.batch, section, generator)

@@ -6,19 +6,21 @@ several devices are scored by the same `score_rollout`, in the same (prompt-majo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from spotlight.config import TrainConfig
 from spotlight.diffusion.sampler import SamplingPlan, Trajectory
+from spotlight.disagg.groups import AssembledGroup
 from spotlight.generation import generate, prompt_tokens, to_images
 from spotlight.loop_model import LoopModel
 from spotlight.rewards.base import Reward, guarded_score
 from spotlight.rl.advantages import group_advantages
 from spotlight.rl.grpo import RolloutBatch
 
-__all__ = ["Rollout", "group_requests", "rollout", "rollout_plan", "score_rollout"]
+__all__ = ["Rollout", "group_metrics", "group_requests", "rollout", "rollout_metrics", "rollout_plan", "score_rollout"]
 
 
 @dataclass
@@ -49,6 +51,30 @@ def rollout(model: LoopModel, prompts: list[str], seeds: torch.Tensor, config: T
                          config, reward)
 
 
+def rollout_metrics(rewards: torch.Tensor, valid: torch.Tensor, strict: torch.Tensor) -> dict[str, float]:
+    """What is logged about a scored rollout: rewards, valid and strict flags (P, G) of its groups."""
+    valid_rewards = torch.where(valid, rewards, torch.nan)
+    group_std = valid_rewards.nan_to_num(0).std(dim=1, unbiased=False)
+    flat_rewards, flat_valid, flat_strict = rewards.reshape(-1), valid.reshape(-1), strict.reshape(-1)
+    return {
+        "rollout/reward_mean": float(flat_rewards[flat_valid].mean()) if flat_valid.any() else float("nan"),
+        "rollout/strict_accuracy": float(flat_strict[flat_valid].float().mean()) if flat_valid.any() else 0.0,
+        "rollout/group_reward_std": float(group_std.mean()),
+        "rollout/group_reward_var": float(group_std.pow(2).mean()),
+        "rollout/zero_std_groups": float((group_std < 1e-6).float().mean()),
+        "rollout/invalid_samples": float((~flat_valid).sum()),
+    }
+
+
+def group_metrics(groups: Sequence[AssembledGroup]) -> dict[str, float]:
+    """`rollout_metrics` of a batch delivered as assembled groups (mode disaggregated), in prompt order."""
+    ordered = sorted(groups, key=lambda group: group.prompt_index)
+    rewards = torch.tensor([[s.reward for s in g.samples] for g in ordered], dtype=torch.float32)
+    valid = torch.tensor([[s.valid for s in g.samples] for g in ordered])
+    strict = torch.tensor([[s.strict for s in g.samples] for g in ordered])
+    return rollout_metrics(rewards, valid, strict)
+
+
 def score_rollout(model: LoopModel, prompts: list[str], seeds: torch.Tensor, trajectory: Trajectory,
                   config: TrainConfig, reward: Reward) -> Rollout:
     """Score sampled groups (``trajectory`` in `group_requests` order, from any devices) and compute advantages."""
@@ -60,16 +86,7 @@ def score_rollout(model: LoopModel, prompts: list[str], seeds: torch.Tensor, tra
     rewards = scored.rewards.reshape(num_prompts, group_size)
     valid = scored.valid.reshape(num_prompts, group_size)
     advantages = group_advantages(rewards, valid, config.train.adv_std, config.train.adv_clip)
-    valid_rewards = torch.where(valid, rewards, torch.nan)
-    group_std = valid_rewards.nan_to_num(0).std(dim=1, unbiased=False)
-    metrics = {
-        "rollout/reward_mean": float(scored.rewards[scored.valid].mean()) if scored.valid.any() else float("nan"),
-        "rollout/strict_accuracy": float(scored.strict[scored.valid].float().mean()) if scored.valid.any() else 0.0,
-        "rollout/group_reward_std": float(group_std.mean()),
-        "rollout/group_reward_var": float(group_std.pow(2).mean()),
-        "rollout/zero_std_groups": float((group_std < 1e-6).float().mean()),
-        "rollout/invalid_samples": float((~scored.valid).sum()),
-    }
+    metrics = rollout_metrics(rewards, valid, scored.strict.reshape(num_prompts, group_size))
     batch = RolloutBatch(
         latents=trajectory.latents, log_probs=trajectory.log_probs, tokens=prompt_tokens(model, expanded),
         advantages=advantages.reshape(-1), sigmas=plan.sigmas(), noise_level=section.noise_level,

@@ -32,7 +32,7 @@ class ScoredSample:
     ``reward`` and ``valid`` (False: the reward failed); ``produced_by`` names the pool that drew it
     ("generator" or "trainer", the latter for trainer-assisted generation); ``step_versions`` the
     policy version read at each denoising step (empty when not logged): one-step asynchrony requires
-    them all to equal ``id.policy_version``.
+    them all to equal ``id.policy_version``; ``strict`` the reward's strict flag (logged, not trained on).
     """
 
     id: GenerationId
@@ -43,6 +43,7 @@ class ScoredSample:
     valid: bool = True
     produced_by: str = "generator"
     step_versions: tuple[int, ...] = ()
+    strict: bool = False
 
 
 @dataclass(frozen=True)
