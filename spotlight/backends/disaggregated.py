@@ -75,7 +75,9 @@ class DisaggregatedBackend:
         self.profile = {"generator": [], "trainer": [], "train": []}  # seconds per unit
         self.usage: dict[str, float] = {}
         self.log = (view.run_dir / "disagg_samples.jsonl").open("a")
-        self.cluster = LocalCluster()
+        # A driver already connected to Ray (a benchmark running a ladder of runs) lends its cluster.
+        self.cluster = None if ray.is_initialized() else LocalCluster()
+        self.closed = False
         try:
             queue_actor = ray.remote(UnitQueue).options(num_cpus=0, max_concurrency=16)
             self.queue = queue_actor.remote(self.gate)
@@ -85,8 +87,7 @@ class DisaggregatedBackend:
             ray.get([g.ready.remote() for g in self.generators], timeout=START_TIMEOUT_S)
             self.serving = [g.serve.remote(self.queue) for g in self.generators]
         except BaseException:
-            self.cluster.shutdown()
-            self.log.close()
+            self._release()
             raise
         self.iteration_started = time.time()
 
@@ -149,15 +150,23 @@ class DisaggregatedBackend:
 
     def close(self) -> None:
         """Stop the generators (they finish their task), then the cluster; safe to call twice."""
-        if self.cluster is None:
+        if self.closed:
             return
+        self.closed = True
         try:
             ray.get(self.queue.close.remote())
             ray.get(self.serving, timeout=60)
         finally:
-            self.log.close()
+            self._release()
+
+    def _release(self) -> None:
+        self.log.close()
+        if self.cluster is not None:
             self.cluster.shutdown()
-            self.cluster = None
+        else:  # a lent cluster stays up: only this run's actors go
+            for actor in [getattr(self, "queue", None), *getattr(self, "generators", [])]:
+                if actor is not None:
+                    ray.kill(actor)
 
     # -- the step's groups -----------------------------------------------------------------------
     def groups(self, stream: GroupStream) -> Iterator[AssembledGroup]:
@@ -178,7 +187,7 @@ class DisaggregatedBackend:
                 self._trained(time.perf_counter() - started, group)
                 continue
             state = self._drain(0.0, step, stream, assembler, ready)
-            if ready:
+            if ready and self.section.gap:
                 continue
             if self.section.tag and self._assist(step, stream, assembler, ready, state):
                 continue
