@@ -8,12 +8,34 @@ exploration on spot generators in the shadow of a step; then DigenRL's reported 
 independent reproduction beside them, and the colocated overhead each reported ratio would imply
 under this cost model. Writes benchmarks/results/disaggregated_sim.json.
 
+``--measure``: the ladder measured on this machine, each rung a real ``spotlight train`` run through
+the one loop, pinned one device per core (2 cores: the trainer on core 0, the second device on core 1):
+
+    colocated        mode spot-rollout: both devices sample the batch (split by prompt), then the trainer
+                     core trains it while the second core idles (the loop has no data-parallel update, so
+                     colocated training uses one of the two devices; ``ideal_colocated`` adds the figure a
+                     perfect 2-way data-parallel update would give: rollout time + train time / 2)
+    disaggregated    mode disaggregated, gap/tsp/tag/async off: one generator device samples and scores the
+                     whole batch, then the trainer device trains it group by group (the one-shot fallback)
+    + GAP            groups trained as they complete while the generator samples the rest
+    + TSP            a group's trained timesteps packed into one forward/backward
+    + TAG/BTS        the trainer draws unstarted units in its bubbles when the bubble policy says it pays
+    + async          the generator starts step s+1's units with θ_s while the trainer trains step s
+
+samples/s over the iterations after the first (each iteration's wall time, validation excluded),
+device utilisation per rung, ratios to colocated, spread over ``--repeats``, and the overlap ceiling
+(gen + train) / max(gen, train) from the disaggregated rung's measured generator and trainer busy time.
+With ``--explore``: disaggregated (+GAP +TSP) against the same plus Spotlight's stale-seed exploration
+in the generator's idle time (group reward std, time per step). Writes
+benchmarks/results/disaggregated_measured.json.
+
 ``--tsp-timing``: one group's NFT forward/backward on a TinyDiT, one pass per timestep vs all
 timesteps packed into one pass (one pinned core, one thread); the gradients are compared too.
 Writes benchmarks/results/disaggregated_tsp.json.
 
     python benchmarks/disaggregated.py --simulate [--config configs/simulate-digenrl.yaml]
     nice -n 19 python benchmarks/disaggregated.py --tsp-timing
+    python benchmarks/disaggregated.py --measure --repeats 3 [--explore]
 """
 
 from __future__ import annotations
@@ -151,15 +173,138 @@ def tsp_summary(config: TinyDiTConfig, repeats: int, rows: list[dict]) -> dict:
             "load_average": os.getloadavg()}
 
 
+# The measured ladder's workload: the shapes task, its TinyDiT base, 8 prompts x 8 samples, NFT with one
+# optimizer step per batch (what GAP requires; the colocated rung takes the same one step); units of 4
+# generations (16 per batch, 2 per group: smaller units cost more per sample on a CPU core).
+MEASURE_BASE = ["iterations=6", "eval.every=1000", "eval.seeds_per_prompt=1", "eval.num_steps=2",
+                "eval.raw_model=false", "checkpoint_every=1000", "runtime.max_wall_s=null",
+                "rollout.prompts_per_iteration=8", "rollout.group_size=8", "train.num_epochs=1", "train.num_minibatches=1", "device_cores=[0,1]"]
+DISAGG = ["mode=disaggregated", "disagg.unit_size=4"]
+RUNGS = {
+    "colocated": ["mode=spot-rollout", "runtime.num_spot_devices=1", "runtime.trace=null"],
+    "disaggregated": [*DISAGG, "disagg.gap=false", "disagg.tsp=false"],
+    "+ GAP": [*DISAGG, "disagg.tsp=false"],
+    "+ TSP": [*DISAGG],
+    "+ TAG/BTS": [*DISAGG, "disagg.tag=true"],
+    "+ async": [*DISAGG, "disagg.tag=true", "disagg.async_one_step=true"],
+}
+EXPLORE_RUNGS = {"disaggregated (+GAP +TSP)": [*DISAGG], "+ stale-seed exploration": [*DISAGG, "disagg.explore=true"]}
+
+
+def run_rung(name: str, overrides: list[str], seed: int, run_dir: Path) -> dict:
+    """One rung: a `spotlight train` run; its steady-state samples/s, utilisation and per-step figures."""
+    from spotlight.config import TrainConfig
+    from spotlight.pipeline import train
+    from spotlight.runtime.pools import LocalCluster
+
+    config = load_config(TrainConfig, None, [*MEASURE_BASE, *overrides, f"seed={seed}", f"run_dir={run_dir}"])
+    disaggregated = config.mode == "disaggregated"
+    cluster = LocalCluster() if disaggregated else None  # started before the run's clock, as spot-rollout's is
+    try:
+        history = train(config).history
+    finally:
+        if cluster is not None:
+            cluster.shutdown()
+    records = [r for r in history if r["iteration"] >= 1]
+    steps = [b["time/wall_s"] - a["time/wall_s"] for a, b in zip(records, records[1:], strict=False)]
+    measured = records[1:]  # the first iteration is a warm-up (and has nothing to run ahead of, async)
+    batch = config.rollout.prompts_per_iteration * config.rollout.group_size
+
+    def mean(key: str) -> float:
+        values = [r[key] for r in measured if key in r]
+        return statistics.fmean(values) if values else float("nan")
+
+    result = {"rung": name, "seed": seed, "samples_per_s": batch * len(steps) / sum(steps),
+              "step_s": statistics.fmean(steps), "train_s": mean("time/train_s"),
+              "group_reward_std": mean("rollout/group_reward_std"), "reward_mean": mean("rollout/reward_mean")}
+    if disaggregated:
+        result.update({"trainer_utilisation": mean("usage/trainer"),
+                       "second_device_utilisation": mean("usage/generators"),
+                       "generator_busy_s": statistics.fmean(r["usage/generators"] * r["time/step_s"] for r in measured),
+                       "trainer_busy_s": statistics.fmean(r["usage/trainer"] * r["time/step_s"] for r in measured),
+                       "tag_units_per_step": mean("disagg/tag_units"), "wait_s": mean("time/wait_s"),
+                       "stale_fraction": mean("disagg/stale_fraction"),
+                       "explored_prompts": mean("explore/explored_prompts")})
+    else:
+        rollout_s = mean("time/rollout_s")
+        result.update({"trainer_utilisation": mean("util/on_demand"), "second_device_utilisation": mean("util/spot"),
+                       "rollout_s": rollout_s,
+                       "ideal_colocated_samples_per_s": batch / (rollout_s + mean("time/train_s") / 2)})
+    print(f"  {name:28s} seed {seed}: {result['samples_per_s']:6.2f} samples/s, step {result['step_s']:.2f} s, "
+          f"util trainer {result['trainer_utilisation']:.2f} / second {result['second_device_utilisation']:.2f}, "
+          f"group reward std {result['group_reward_std']:.3f}", flush=True)
+    return result
+
+
+def spread(values: list[float]) -> dict:
+    return {"mean": statistics.fmean(values), "min": min(values), "max": max(values),
+            "stdev": statistics.stdev(values) if len(values) > 1 else 0.0, "values": values}
+
+
+def measure(repeats: int, explore: bool, out: Path, provenance: dict) -> dict:
+    """Every rung ``repeats`` times (rungs interleaved within a repeat, so drift hits all alike); the JSON is
+    rewritten after each run."""
+    import tempfile
+
+    rungs = EXPLORE_RUNGS if explore else RUNGS
+    runs: list[dict] = []
+    root = Path(tempfile.mkdtemp(prefix="disagg-measure-"))
+    for repeat in range(repeats):
+        for index, (name, overrides) in enumerate(rungs.items()):
+            runs.append(run_rung(name, overrides, repeat, root / f"r{repeat}-{index}"))
+            out.write_text(json.dumps({**provenance, **measure_summary(rungs, runs, explore)}, indent=2))
+    return measure_summary(rungs, runs, explore)
+
+
+def measure_summary(rungs: dict, runs: list[dict], explore: bool) -> dict:
+    table = {}
+    first = next(iter(rungs))
+    for name in rungs:
+        mine = [r for r in runs if r["rung"] == name]
+        if not mine:
+            continue
+        base = {r["seed"]: r["samples_per_s"] for r in runs if r["rung"] == first}
+        ratios = [r["samples_per_s"] / base[r["seed"]] for r in mine if r["seed"] in base]
+        keys = [k for k, v in mine[0].items() if isinstance(v, float) and k != "seed"]
+        table[name] = {**{k: spread([r[k] for r in mine]) for k in keys}, f"vs_{'first' if explore else 'colocated'}":
+                       spread(ratios) if ratios else None}
+    summary = {"workload": MEASURE_BASE, "rungs": {name: rungs[name] for name in rungs}, "table": table, "runs": runs,
+               "load_average": os.getloadavg()}
+    split = table.get("disaggregated")
+    if split is not None:
+        gen, train = split["generator_busy_s"]["mean"], split["trainer_busy_s"]["mean"]
+        summary["overlap_ceiling"] = {"generation_s": gen, "training_s": train,
+                                      "ceiling": (gen + train) / max(gen, train)}
+    return summary
+
+
+def print_measured(summary: dict, explore: bool) -> None:
+    key = "vs_first" if explore else "vs_colocated"
+    print(f"\n  {'rung':28s} {'samples/s':>16s} {'x ' + ('first' if explore else 'colocated'):>16s} "
+          f"{'util trainer':>12s} {'util 2nd':>8s} {'step s':>7s} {'group std':>9s}")
+    for name, row in summary["table"].items():
+        ratio = row[key]
+        print(f"  {name:28s} {row['samples_per_s']['mean']:7.2f} ({row['samples_per_s']['min']:.2f}-"
+              f"{row['samples_per_s']['max']:.2f}) {ratio['mean']:6.2f} ({ratio['min']:.2f}-{ratio['max']:.2f}) "
+              f"{row['trainer_utilisation']['mean']:12.2f} {row['second_device_utilisation']['mean']:8.2f} "
+              f"{row['step_s']['mean']:7.2f} {row['group_reward_std']['mean']:9.3f}")
+    if "overlap_ceiling" in summary:
+        c = summary["overlap_ceiling"]
+        print(f"  overlap ceiling (gen + train) / max(gen, train) = ({c['generation_s']:.2f} + {c['training_s']:.2f}) "
+              f"/ max = {c['ceiling']:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--simulate", action="store_true")
     parser.add_argument("--tsp-timing", action="store_true")
     parser.add_argument("--config", type=Path, default=REPO / "configs" / "simulate-digenrl.yaml")
+    parser.add_argument("--measure", action="store_true")
+    parser.add_argument("--explore", action="store_true", help="with --measure: disaggregated vs + exploration")
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
-    if not (args.simulate or args.tsp_timing):
-        parser.error("choose --simulate and/or --tsp-timing")
+    if not (args.simulate or args.tsp_timing or args.measure):
+        parser.error("choose --simulate, --tsp-timing and/or --measure")
     provenance = {"commit": git_commit(), "machine": machine()}
     RESULTS.mkdir(parents=True, exist_ok=True)
     if args.simulate:
@@ -170,6 +315,13 @@ def main() -> None:
         print("TSP: NFT forward/backward of one group on a TinyDiT (default size), one core")
         out = RESULTS / "disaggregated_tsp.json"
         out.write_text(json.dumps({**provenance, **tsp_timing(args.repeats, out, provenance)}, indent=2))
+        print(f"wrote {out}")
+    if args.measure:
+        name = "disaggregated_measured_explore.json" if args.explore else "disaggregated_measured.json"
+        out = RESULTS / name
+        summary = measure(args.repeats, args.explore, out, provenance)
+        out.write_text(json.dumps({**provenance, **summary}, indent=2))
+        print_measured(summary, args.explore)
         print(f"wrote {out}")
 
 
