@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import statistics
 import time
@@ -237,7 +238,11 @@ def run_rung(name: str, overrides: list[str], seed: int, run_dir: Path) -> dict:
     return result
 
 
-def spread(values: list[float]) -> dict:
+def spread(values: list[float]) -> dict | None:
+    """Mean, range and standard deviation over repeats (None where a rung has no finite value, e.g. no exploration)."""
+    values = [value for value in values if math.isfinite(value)]
+    if not values:
+        return None
     return {"mean": statistics.fmean(values), "min": min(values), "max": max(values),
             "stdev": statistics.stdev(values) if len(values) > 1 else 0.0, "values": values}
 

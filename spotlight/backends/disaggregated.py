@@ -194,6 +194,7 @@ class DisaggregatedBackend:
             waited = time.perf_counter()
             self._drain(0.5, step, stream, assembler, ready)
             self.usage["wait_s"] += time.perf_counter() - waited
+            self._check_generators()
         for group in sorted(ready, key=lambda g: g.prompt_index):  # gap off: the whole batch, in prompt order
             released.append(group)
             started = time.perf_counter()
@@ -201,6 +202,17 @@ class DisaggregatedBackend:
             self._trained(time.perf_counter() - started, group)
         stream.metrics = group_metrics(released)
         self._log(step, stream.samples)
+
+    def _check_generators(self) -> None:
+        """A generator whose serve loop ended before the queue closed has failed: say so rather than wait forever."""
+        ended, _ = ray.wait(self.serving, num_returns=len(self.serving), timeout=0)
+        for ref in ended:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError as error:
+                raise RunError(f"a generator device failed ({str(error).splitlines()[0]}): see the run's Ray logs; "
+                               "rerun, or check the policy and reward load in a fresh process") from error
+            raise RunError("a generator device stopped serving before the run ended: rerun")
 
     def _trained(self, seconds: float, group: AssembledGroup) -> None:
         self.usage["trainer_busy_s"] += seconds
