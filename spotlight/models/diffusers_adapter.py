@@ -199,6 +199,20 @@ class DiffusersPolicy(nn.Module):
         state = get_peft_model_state_dict(self.transformer, adapter_name=ADAPTER_NAME)
         return {name: tensor.detach().cpu().contiguous().clone() for name, tensor in state.items()}
 
+    def lora_parameters(self) -> dict[str, nn.Parameter]:
+        """The LoRA parameters themselves, under the keys of :meth:`lora_state_dict`.
+
+        What a process that maps shared weights needs: it points these parameters at the shared
+        tensors (``parameter.data = tensor``) instead of copying, so new weights written in place reach it.
+        """
+        marker = f".{ADAPTER_NAME}."
+        parameters = {name.replace(marker, "."): parameter for name, parameter in self.transformer.named_parameters()
+                      if ".lora_" in name and marker in name}
+        if parameters.keys() != self.lora_state_dict().keys():
+            raise RuntimeError("peft's LoRA parameter names no longer match its state-dict keys: update "
+                               "DiffusersPolicy.lora_parameters for this peft version")
+        return parameters
+
     def load_lora_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         """Copy LoRA tensors (as from :meth:`lora_state_dict`) into the adapter; keys and shapes must match."""
         from peft import set_peft_model_state_dict

@@ -87,12 +87,16 @@ def latent_image_ids(grid_height: int, grid_width: int, device: torch.device | N
 
 def latent_channels(family: Family, transformer: nn.Module) -> int:
     """The channels C of the (B, C, H, W) latents a transformer of ``family`` denoises."""
-    config = transformer.config
+    return channels_of(family, int(transformer.config.in_channels))
+
+
+def channels_of(family: Family, in_channels: int) -> int:
+    """Latent channels C of a ``family`` transformer with ``in_channels`` (FLUX / Qwen-Image take 2x2-packed 4C)."""
     if family == "sd3":
-        return int(config.in_channels)
-    if config.in_channels % 4:
-        raise ValueError(f"{family} in_channels must be 4 x latent channels (packed 2x2), got {config.in_channels}")
-    return int(config.in_channels) // 4
+        return in_channels
+    if in_channels % 4:
+        raise ValueError(f"{family} in_channels must be 4 x latent channels (packed 2x2), got {in_channels}")
+    return in_channels // 4
 
 
 def transformer_velocity(

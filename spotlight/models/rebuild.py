@@ -45,6 +45,17 @@ def config_from_description(description: Mapping[str, Any]) -> ModelConfig:
                      f"{DIFFUSERS_ARCHITECTURE!r}")
 
 
+def describe_config(config: ModelConfig) -> dict[str, Any]:
+    """The ``architecture`` and ``config`` entries of a ``describe()`` mapping, from a policy's ``.config`` alone.
+
+    What a process that builds the policy itself is sent: plain JSON, compared for equality to tell
+    whether the architecture changed.
+    """
+    if isinstance(config, DiffusersPolicyConfig):
+        return {"architecture": DIFFUSERS_ARCHITECTURE, "config": config.model_dump(mode="json")}
+    return {"architecture": TINYDIT_ARCHITECTURE, "config": config.to_dict()}
+
+
 def policy_from_description(description: Mapping[str, Any]) -> Policy:
     """A fresh policy of the architecture and config in ``description`` (``Policy.describe()``)."""
     return policy_from_config(config_from_description(description))

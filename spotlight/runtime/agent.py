@@ -3,7 +3,9 @@
 A node agent outlives every SP group on its node. It
 
 - holds the current weights once, in shared memory (pinned as well when CUDA is present), and
-  replaces them in place, so every device process that mapped them sees the new ones;
+  replaces them in place, so every device process that mapped them sees the new ones. The weights
+  are the policy's broadcast state: every weight of a TinyDiT; only the LoRA matrices of a diffusers
+  policy, whose frozen base each device process rebuilds from the config (`spotlight.runtime.sp_policy`);
 - keeps one persistent process per device (`spotlight.runtime.device_processes`), plus optional warm
   spares: processes that have imported torch but hold no group, ready to stand in for a device
   process that crashed — the spare maps the shared weights instead of loading a checkpoint;
@@ -35,10 +37,11 @@ import torch
 import torch.distributed as dist
 
 from spotlight.diffusion.noise import initial_latents
-from spotlight.models.tinydit import TinyDiTConfig
+from spotlight.models.rebuild import ModelConfig, config_from_description, describe_config
 from spotlight.runtime.device_processes import AgentError, DeviceProcesses, GroupBroken
 from spotlight.runtime.queue import QueueClient, RemoteQueue, Request
 from spotlight.runtime.reconfigure import SPGroup, device_id, node_of
+from spotlight.runtime.sp_policy import latent_shape_of
 from spotlight.tasks.registry import get_task
 
 __all__ = ["AgentError", "GroupBroken", "NodeAgent", "NodeAgentActor", "ServeReport"]
@@ -104,7 +107,8 @@ class NodeAgent:
         self.store = listening_store(host, collective_timeout_s)
         self._processes = DeviceProcesses(node_id, num_threads, collective_timeout_s)
         self._groups: dict[str, SPGroup] = {}
-        self._config: dict[str, Any] | None = None
+        self._config: dict[str, Any] | None = None  # the policy's description (architecture + config)
+        self._model_config: ModelConfig | None = None
         self._weights: dict[str, torch.Tensor] = {}
         self._stop: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
@@ -161,15 +165,17 @@ class NodeAgent:
             return replaced
 
     # -- weights -------------------------------------------------------------------------------
-    def load_weights(self, config: TinyDiTConfig | Mapping[str, Any], weights: Mapping[str, Any]) -> float:
-        """Put ``weights`` (name -> array or tensor) into the node's shared memory; returns seconds.
+    def load_weights(self, config: ModelConfig | Mapping[str, Any], weights: Mapping[str, Any]) -> float:
+        """Put ``weights`` (the policy's broadcast state: name -> array or tensor) into shared memory; returns seconds.
 
-        Same names and shapes as the weights held now: copied in place, so processes that mapped them
-        see the new weights without a message (call between requests, not during a step). Otherwise
-        new shared tensors are made and every device process (not the spares) re-attaches.
+        ``config``: the policy's ``.config``, a ``describe()`` mapping, or a TinyDiT config as a dict.
+        Same policy, names and shapes as the weights held now: copied in place, so processes that mapped
+        them see the new weights without a message (call between requests, not during a step).
+        Otherwise new shared tensors are made, every device process (not the spares) re-attaches, and
+        the spares build the new policy's base, so that standing in stays an attach.
         """
         started = time.perf_counter()
-        config_dict = config.to_dict() if isinstance(config, TinyDiTConfig) else dict(config)
+        config_dict = _description(config)
         tensors = {name: torch.as_tensor(np.asarray(value)) if not isinstance(value, torch.Tensor) else value
                    for name, value in weights.items()}
         with self._lock:
@@ -184,7 +190,11 @@ class NodeAgent:
             for name, tensor in tensors.items():
                 shared[name] = torch.empty_like(tensor, device="cpu").copy_(tensor).share_memory_()
                 _pin(shared[name])
+            new_policy = config_dict != self._config
             self._config, self._weights = config_dict, shared
+            self._model_config = config_from_description(config_dict)
+            if new_policy and self.spares():
+                self._processes.command(self.spares(), "prepare", (self._config,))
             for device in self._processes.devices.values():
                 device.attached = False
             in_service = self._processes.alive()
@@ -263,8 +273,11 @@ class NodeAgent:
         if group is None:
             raise AgentError(f"no group {group_name} on {self.node_id}: form it with form_groups() first")
         members = self._member_indices(group)
-        config = TinyDiTConfig(**self._config)  # type: ignore[arg-type]
-        tokens = get_task(config.task).tokenize([request.prompt], config.max_text_len)  # the weights' task
+        config = self._model_config
+        if config is None:
+            raise AgentError(f"no weights on {self.node_id}: call load_weights() before serving")
+        # The weights' own task tokenizes (the policy's text encoder embeds its ids on the devices).
+        tokens = get_task(config.task).tokenize([request.prompt], config.max_text_len)
         args = (tokens, [request.seed], request.plan, latent[None], step)
         replies = self._processes.command(members, "step", args, group=group_name)
         return replies[members[0]][0]
@@ -289,7 +302,9 @@ class NodeAgent:
         if stop is None:
             raise AgentError(f"no group {group_name} on {self.node_id}: form it with form_groups() first")
         worker_id, report = f"{self.node_id}:{group_name}", ServeReport(group_name)
-        shape = TinyDiTConfig(**self._config).latent_shape  # type: ignore[arg-type]
+        if self._model_config is None:
+            raise AgentError(f"no weights on {self.node_id}: call load_weights() before serving")
+        shape = latent_shape_of(self._model_config)
         while not stop.is_set():
             leases = queue.pull(worker_id, 1, weights_version)
             if not leases:
@@ -343,6 +358,15 @@ class NodeAgent:
     # -- plumbing ------------------------------------------------------------------------------
     def _member_indices(self, group: SPGroup) -> list[int]:
         return [int(member.rpartition("/")[2]) for member in group.members]
+
+
+def _description(config: ModelConfig | Mapping[str, Any]) -> dict[str, Any]:
+    """The ``describe()``-style mapping (architecture + config) of a policy config, a description or a TinyDiT dict."""
+    if isinstance(config, Mapping):
+        if "architecture" in config:
+            return dict(config)
+        return describe_config(config_from_description({"config": config}))
+    return describe_config(config)
 
 
 NodeAgentActor = ray.remote(max_concurrency=8)(NodeAgent)

@@ -24,10 +24,11 @@ from typing import Any, Protocol
 
 import ray
 
-from spotlight.models.tinydit import TinyDiTConfig
+from spotlight.models.rebuild import ModelConfig, describe_config
 from spotlight.runtime.agent import ServeReport
 from spotlight.runtime.preemption import TraceReplay
 from spotlight.runtime.reconfigure import PlanDiff, SPGroup, plan_groups
+from spotlight.runtime.sp_policy import attention_heads
 
 __all__ = ["ElasticSP", "ElasticSPReport", "ElasticSPSettings", "NodeProvider", "run_elastic_sp", "serve_until_drained"]
 
@@ -105,7 +106,7 @@ class ElasticSP:
     def __init__(
         self,
         queue: Any,
-        model_config: TinyDiTConfig,
+        model_config: ModelConfig,
         weights: Any,
         nodes: NodeProvider,
         settings: ElasticSPSettings,
@@ -115,6 +116,9 @@ class ElasticSP:
         weights_version: int,
     ) -> None:
         self.queue, self.config, self.weights, self.nodes, self.settings = queue, model_config, weights, nodes, settings
+        # What each agent's processes rebuild the policy from; ``weights`` is its broadcast state (LoRA only
+        # for a diffusers policy). The planner's degrees must divide the heads.
+        self.description, self.num_heads = describe_config(model_config), attention_heads(model_config)
         # The version of ``weights``: every group serves only requests made for it (set_weights moves it on).
         self.weights_version = weights_version
         self.log_path = Path(log_path)
@@ -139,7 +143,7 @@ class ElasticSP:
     def node_joined(self, node_id: str) -> None:
         """Start the node's agent; it enters the plan once its processes are up and hold the weights."""
         agent = self.nodes.start_agent(node_id, self.settings)
-        ready = agent.load_weights.remote(self.config.to_dict(), self.weights)
+        ready = agent.load_weights.remote(self.description, self.weights)
         self.starting[ready], self._loaded[ready] = (node_id, agent, self._now()), self.weights
         self.report.joins += 1
 
@@ -174,7 +178,7 @@ class ElasticSP:
                     self._lose(node_id, f"agent failed to start: {_one_line(error)}")
                     continue
                 if loaded is not self.weights:  # new weights came while it started
-                    if not self._ask({node_id: agent.load_weights.remote(self.config.to_dict(), self.weights)}):
+                    if not self._ask({node_id: agent.load_weights.remote(self.description, self.weights)}):
                         continue
                 self.agents[node_id] = agent
                 self._reconfigure(f"join {node_id} (agent started in {self._now() - joined_at:.2f} s)", self._now())
@@ -206,8 +210,7 @@ class ElasticSP:
                                "queue is drained (run_elastic_sp returned), before submitting the next batch")
         started = self._now()
         self.weights, self.weights_version = weights, weights_version
-        config = self.config.to_dict()
-        self._ask({node: agent.load_weights.remote(config, weights) for node, agent in self.agents.items()})
+        self._ask({node: agent.load_weights.remote(self.description, weights) for node, agent in self.agents.items()})
         self.handle_losses()
         return self._now() - started
 
@@ -253,8 +256,7 @@ class ElasticSP:
     def _reconfigure(self, cause: str, started: float) -> PlanDiff:
         """Plan from the agents alive now, carry the plan out, log it (if it changed anything)."""
         alive = self._ask({node: agent.alive_devices.remote() for node, agent in self.agents.items()})
-        num_heads = self.config.num_heads
-        diff = plan_groups(alive, self.settings.sp_degrees, num_heads, previous=self.groups,
+        diff = plan_groups(alive, self.settings.sp_degrees, self.num_heads, previous=self.groups,
                            next_generation=self.next_generation, cross_node=False)
         self.next_generation = diff.next_generation
         dissolved = {group.name for group in diff.dissolved}
@@ -382,7 +384,7 @@ def serve_until_drained(controller: ElasticSP, replay: TraceReplay | None, timeo
 
 def run_elastic_sp(
     queue: Any,
-    model_config: TinyDiTConfig,
+    model_config: ModelConfig,
     weights: Any,
     replay: TraceReplay,
     nodes: NodeProvider,
@@ -394,7 +396,7 @@ def run_elastic_sp(
 ) -> ElasticSPReport:
     """Serve ``queue`` until it is empty while ``replay`` adds, notices and removes spot nodes.
 
-    ``weights``: a Ray ObjectRef of the model's state dict (numpy arrays) for θ_weights_version (the
+    ``weights``: a Ray ObjectRef of the policy's broadcast state (numpy arrays) for θ_weights_version (the
     version the queue's requests name), loaded once per node into its agent's shared memory. Returns the
     `ElasticSPReport`; the JSONL log at ``log_path`` has one
     line per reconfiguration. Raises TimeoutError if the queue is not drained in ``timeout_s``.

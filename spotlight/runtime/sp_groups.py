@@ -9,12 +9,12 @@ from typing import Any
 
 import ray
 
-from spotlight.models.tinydit import TinyDiTConfig
 from spotlight.run_error import RunError
 from spotlight.runtime.elastic_sp import ElasticSP, ElasticSPSettings
 from spotlight.runtime.local_spot_nodes import LocalSpotNodes
 from spotlight.runtime.pools import PoolError
 from spotlight.runtime.settings import RuntimeSection
+from spotlight.runtime.sp_policy import check_sp_policy
 from spotlight.runtime.worker import model_weights
 
 __all__ = ["start_elastic_sp"]
@@ -24,15 +24,14 @@ def start_elastic_sp(section: RuntimeSection, queue: Any, model: Any, ray_cluste
                      log_path: Path, clock: Callable[[], float], poll_s: float) -> ElasticSP:
     """The elastic SP controller serving ``queue``, with the agents of the ``initial`` spot nodes up and serving.
 
-    The agents run TinyDiT with Ulysses attention, so the model must be one, with heads divisible by the degree.
+    The agents run the policy (a TinyDiT, or a FLUX / Qwen-Image transformer with LoRA) with Ulysses
+    attention, so the degree must divide its heads and its token counts (`sp_policy.check_sp_policy`).
     """
-    if not isinstance(getattr(model, "config", None), TinyDiTConfig):
-        raise RunError(f"runtime.sp_degree={section.sp_degree} needs a TinyDiT base model (the SP agents run "
-                       f"TinyDiT); got {type(model).__name__}: set runtime.sp_degree=1")
-    if model.config.num_heads % section.sp_degree:
-        raise RunError(f"runtime.sp_degree={section.sp_degree} does not divide the model's "
-                       f"{model.config.num_heads} attention heads: use a divisor of {model.config.num_heads}")
-    settings = ElasticSPSettings(sp_degrees={model.config.image_size: section.sp_degree},
+    try:
+        check_sp_policy(model.config, section.sp_degree)
+    except ValueError as error:
+        raise RunError(f"runtime.sp_degree={section.sp_degree}: {error}") from None
+    settings = ElasticSPSettings(sp_degrees={model.latent_shape[-1]: section.sp_degree},
                                  devices_per_node=section.sp_degree, min_step_s=section.min_step_s, poll_s=poll_s)
     # Version -1: the start-up weights are no iteration's; the groups serve once start_iteration sets θ_i.
     elastic = ElasticSP(queue, model.config, ray.put(model_weights(model)), LocalSpotNodes(ray_cluster), settings,

@@ -3,7 +3,10 @@
 The agent (`spotlight.runtime.agent`) spawns one such process per device and drives it over a pipe
 with small commands; a reply is ``("ok", value)`` or ``("error", one-line message)``:
 
-    attach(config, weights, copy)  build the model around the agent's shared-memory weights
+    prepare(description)           build a diffusers base ahead of its weights (warm spares)
+    attach(description, weights, copy)
+                                   build the policy around the agent's shared-memory weights
+                                   (`spotlight.runtime.sp_policy`)
     join(group, rank, world, host, port, timeout_s)
                                    join an SP group: a gloo process group on the agent's TCPStore
                                    under the prefix ``group`` (a new name per generation), so a
@@ -24,7 +27,7 @@ import datetime
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -33,8 +36,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from spotlight.diffusion.sampler import SamplingPlan
+from spotlight.models.policy import Policy
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
 from spotlight.runtime.sp_denoise import model_on_weights, sequence_parallel_step
+from spotlight.runtime.sp_policy import PolicyCache, policy_on_weights, prepare_policy, sp_denoise_step
 
 __all__ = ["device_process_main"]
 
@@ -45,16 +50,21 @@ PARENT_POLL_S = 0.5
 class _DeviceState:
     """What one device process holds between commands."""
 
-    model: TinyDiT | None = None
+    model: Policy | None = None
+    built: PolicyCache = field(default_factory=dict)  # diffusers bases built so far, kept across attaches
     store: Any = None  # the TCPStore client; kept alive as long as the group
     group_name: str | None = None
     rank: int = 0
     world: int = 1
 
 
-def _attach(state: _DeviceState, config: dict[str, Any], weights: dict[str, torch.Tensor], copy: bool) -> float:
+def _prepare(state: _DeviceState, description: dict[str, Any]) -> None:
+    prepare_policy(description, state.built)
+
+
+def _attach(state: _DeviceState, description: dict[str, Any], weights: dict[str, torch.Tensor], copy: bool) -> float:
     started = time.perf_counter()
-    state.model = model_on_weights(TinyDiTConfig(**config), weights, copy=copy)
+    state.model = policy_on_weights(description, weights, copy, state.built)
     return time.perf_counter() - started
 
 
@@ -86,7 +96,7 @@ def _step(
     if state.group_name is None:
         raise RuntimeError("step outside a group: form the device's SP group first")
     group = dist.group.WORLD if state.world > 1 else None
-    latents = sequence_parallel_step(state.model, group, tokens, seeds, plan, latents, step)
+    latents = sp_denoise_step(state.model, group, tokens, seeds, plan, latents, step)
     return latents if state.rank == 0 else None
 
 
@@ -104,7 +114,9 @@ def _warm_up() -> None:
                            latents, 0)
 
 
-_COMMANDS: dict[str, Callable[..., Any]] = {"attach": _attach, "join": _join, "leave": _leave, "step": _step}
+_COMMANDS: dict[str, Callable[..., Any]] = {
+    "prepare": _prepare, "attach": _attach, "join": _join, "leave": _leave, "step": _step,
+}
 
 
 def device_process_main(conn: Connection, device: str, num_threads: int) -> None:
