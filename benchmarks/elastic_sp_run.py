@@ -13,6 +13,10 @@ node without notice on purpose once two thirds of the requests are done (``--cra
 Run: nice -n 10 .venv/bin/python benchmarks/elastic_sp_run.py   (~3-4 min on 2 busy cores)
 Writes benchmarks/results/elastic_sp_run.json and the reconfiguration log
 benchmarks/results/elastic_sp_reconfigurations.jsonl.
+
+``--policy-config configs/qwen-image-tiny-lora.yaml`` (or flux) serves that config's diffusers policy
+instead of a TinyDiT, with its LoRA B matrices drawn at random: the agents receive only the LoRA
+matrices and each device process rebuilds the frozen base from the config's ``init_seed``.
 """
 
 from __future__ import annotations
@@ -29,9 +33,12 @@ import torch
 from provenance import RESULTS, git_commit, machine
 from ray.cluster_utils import Cluster
 
+from spotlight.base_policy import build_policy
+from spotlight.config import TrainConfig, load_config
 from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.generation import generate
 from spotlight.market.traces import default_trace_dir, load_trace
+from spotlight.models.policy import Policy
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
 from spotlight.runtime.elastic_sp import ElasticSPSettings, run_elastic_sp
 from spotlight.runtime.local_spot_nodes import LocalSpotNodes
@@ -50,6 +57,15 @@ def random_model() -> TinyDiT:
         for parameter in model.parameters():
             parameter.normal_(0.0, 0.05)
     return model.eval()
+
+
+def random_lora_policy(config_path: str) -> Policy:
+    """The diffusers policy of a ``*-tiny-lora.yaml`` config with LoRA B drawn at random (at zero LoRA does nothing)."""
+    policy = build_policy(load_config(TrainConfig, Path(config_path), []))
+    generator = torch.Generator().manual_seed(0)
+    policy.load_broadcast_state({name: torch.randn(t.shape, generator=generator) * 0.2 if ".lora_B." in name else t
+                                 for name, t in policy.broadcast_state().items()})
+    return policy.eval()
 
 
 def crash_a_serving_node(queue: ray.actor.ActorHandle, nodes: LocalSpotNodes, after_done: int,
@@ -80,17 +96,19 @@ def main() -> None:
     parser.add_argument("--out", default=str(RESULTS / "elastic_sp_run.json"))
     parser.add_argument("--log", default=str(RESULTS / "elastic_sp_reconfigurations.jsonl"))
     parser.add_argument("--timeout-s", type=float, default=2400.0, help="give up if the queue is not drained by then")
+    parser.add_argument("--policy-config", default=None, help="a *-tiny-lora.yaml config: serve its diffusers "
+                        "LoRA policy (FLUX or Qwen-Image) instead of the TinyDiT")
     parser.add_argument("--crash-after", type=int, default=None, help="once this many requests are done, kill a "
                         "serving node with no notice (default: two thirds of --requests; 0: never)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     crash_after = args.requests * 2 // 3 if args.crash_after is None else args.crash_after
     trace = load_trace(default_trace_dir() / "aws-p3-bamboo.csv").clipped(args.nodes).window(0.0, args.window_s)
-    settings = ElasticSPSettings(sp_degrees={CONFIG.image_size: 2}, devices_per_node=2, min_step_s=args.min_step_s)
+    model = random_model() if args.policy_config is None else random_lora_policy(args.policy_config)
+    settings = ElasticSPSettings(sp_degrees={model.latent_shape[-1]: 2}, devices_per_node=2, min_step_s=args.min_step_s)
     plan = SamplingPlan(num_steps=args.steps)
     requests = [Request(f"r{i:03d}", PROMPTS[i % len(PROMPTS)], 1000 + i, plan, weights_version=0)
                 for i in range(args.requests)]
-    model = random_model()
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     # A loaded 2-core machine starves raylets of CPU for many seconds: Ray's default health check
@@ -110,15 +128,16 @@ def main() -> None:
         if crash_after:
             threading.Thread(target=crash_a_serving_node, args=(queue, nodes, crash_after, crashed),
                              daemon=True).start()
-        report = run_elastic_sp(queue, CONFIG, weights, replay, nodes, settings, args.log, timeout_s=args.timeout_s,
-                                weights_version=0)
+        report = run_elastic_sp(queue, model.config, weights, replay, nodes, settings, args.log,
+                                timeout_s=args.timeout_s, weights_version=0)
         results = ray.get(queue.results.remote())
     finally:
         ray.shutdown()
         cluster.shutdown()
 
     started = time.perf_counter()
-    reference = generate(model, [r.prompt for r in requests], [r.seed for r in requests], plan, record=False).final
+    with torch.no_grad():
+        reference = generate(model, [r.prompt for r in requests], [r.seed for r in requests], plan, record=False).final
     max_error = max(((results[r.request_id] - reference[i]).abs().max().item() for i, r in enumerate(requests)
                      if r.request_id in results), default=float("inf"))
     reference_s = time.perf_counter() - started
@@ -142,7 +161,8 @@ def main() -> None:
     print(f"results vs one device: max |diff| {max_error:.2e} (reference {reference_s:.1f} s)")
     payload = {
         "benchmark": "elastic_sp_run", "commit": git_commit(), "machine": machine(),
-        "config": {"model": CONFIG.to_dict(), "requests": args.requests, "steps": args.steps, "nodes": args.nodes,
+        "config": {"model": model.describe(), "policy_config": args.policy_config,
+                   "requests": args.requests, "steps": args.steps, "nodes": args.nodes,
                    "trace": "aws-p3-bamboo.csv", "window_s": args.window_s, "time_scale": args.time_scale,
                    "min_step_s": args.min_step_s, "sp_degree": 2, "devices_per_node": 2,
                    "crash_after": crash_after},
