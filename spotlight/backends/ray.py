@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import ray
@@ -62,6 +63,41 @@ class Explored:
 
     round: Round
     exploration: Exploration
+
+
+def _plan_state(plan: ExplorePlan) -> dict[str, Any]:
+    return {"num_candidates": plan.num_candidates, "num_steps": plan.num_steps, "sampler": plan.sampler}
+
+
+def explored_state(explored: Explored) -> dict[str, Any]:
+    """A finished round's outcome as JSON (seeds exact as integers, rewards as floats, NaN included)."""
+    round_, chosen = explored.round, explored.exploration
+    return {"target": round_.target, "version": round_.version, "plan": _plan_state(round_.plan),
+            "prompts": round_.prompts, "candidates": round_.candidates.tolist(),
+            "plan_metrics": round_.plan_metrics, "seeds": chosen.seeds.tolist(), "metrics": chosen.metrics}
+
+
+def explored_from_state(state: dict[str, Any]) -> Explored:
+    """The `Explored` that `explored_state` wrote, ready to seed its iteration (its requests are done and freed)."""
+    plan = ExplorePlan(**state["plan"])
+    round_ = Round(state["target"], state["version"], plan, state["prompts"], torch.tensor(state["candidates"]),
+                   ids=[], drained=True, plan_metrics=state["plan_metrics"])
+    return Explored(round_, Exploration(torch.tensor(state["seeds"]), dict(state["metrics"]), plan))
+
+
+def monitor_state(monitor: PendingMonitor) -> dict[str, Any]:
+    """The staleness monitor's pending re-score as JSON (its requests go out with the next round)."""
+    return {"target": monitor.target, "plan": _plan_state(monitor.plan), "prompts": monitor.prompts,
+            "candidates": monitor.candidates.tolist(), "stale_rewards": monitor.stale_rewards.tolist(),
+            "stale_seeds": monitor.stale_seeds.tolist(),
+            "rewards_dtype": str(monitor.stale_rewards.dtype).removeprefix("torch.")}
+
+
+def monitor_from_state(state: dict[str, Any]) -> PendingMonitor:
+    """The `PendingMonitor` that `monitor_state` wrote; the rewards keep their dtype and bits."""
+    rewards = torch.tensor(state["stale_rewards"], dtype=getattr(torch, state["rewards_dtype"]))
+    return PendingMonitor(state["target"], ExplorePlan(**state["plan"]), state["prompts"],
+                          torch.tensor(state["candidates"]), rewards, torch.tensor(state["stale_seeds"]), ids=[])
 
 
 class RayBackend:
@@ -177,6 +213,23 @@ class RayBackend:
     def close(self) -> None:
         self.cluster.close()
 
+    def state_dict(self) -> dict[str, Any]:
+        """What the next iteration needs of this backend, as JSON, for the trainer's checkpoint (spotlight mode).
+
+        At a checkpoint no round is open (it closed when training ended); what is in flight is its
+        outcome: the seeds it chose for the next iteration, and the prompts the staleness monitor
+        re-scores in the next round. Both come from requests done with θ_i, which a resumed run no
+        longer has, so they are kept rather than requested again; nothing is ever explored twice.
+        """
+        return {"explored": None if self.explored is None else explored_state(self.explored),
+                "monitor": None if self.monitor_round is None else monitor_state(self.monitor_round)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take back what `state_dict` wrote (a resumed run; {} from a checkpoint without it: nothing in flight)."""
+        explored, monitor = state.get("explored"), state.get("monitor")
+        self.explored = None if explored is None else explored_from_state(explored)
+        self.monitor_round = None if monitor is None else monitor_from_state(monitor)
+
     def _sample_here(self, request: tuple[list[str], list[int]]) -> Trajectory:
         """Sample a part on the on-demand device (the driver), billed as rollout compute."""
         started = self.cluster.now()
@@ -239,7 +292,8 @@ class RayBackend:
             cluster.round = None
         if not drained:
             ray.get(cluster.queue.cancel.remote(round_.all_ids))
-        results = ray.get(cluster.queue.take_results.remote(round_.all_ids))
+        results = ray.get(cluster.queue.results_of.remote(round_.all_ids))  # then freed: a lost answer loses nothing
+        cluster.queue.forget.remote(round_.all_ids)
         latents = results_in_order(results, round_.ids, view.model.latent_shape)
         rewards = score_latents(latents, round_.prompts, view.reward)
         missing = torch.tensor([rid not in results for rid in round_.ids]).reshape(rewards.shape)

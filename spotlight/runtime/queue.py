@@ -28,7 +28,9 @@ roll a request back.
 `RequestQueue` is a plain class with an injectable clock, so every rule above is unit-tested without
 Ray; `start_queue_actor` runs it as one Ray actor pinned to the on-demand node, whose calls Ray
 serialises, so the class needs no locks. `RemoteQueue` gives workers the same blocking interface
-over a Ray actor handle that the plain class offers in-process.
+over a Ray actor handle that the plain class offers in-process. Every change of a request passes
+through `RequestQueue._note`, which `spotlight.runtime.queue_durable` writes to a write-ahead log so
+that a restarted queue actor rebuilds its state.
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ class QueueStats:
     ``wrong_weights``: commits and completions refused because the worker held other weights than
     the request's (the request went back to the queue).
     ``mean_pull_s`` / ``max_pull_s``: service time of ``pull`` inside the queue (wall clock); a
-    worker's round trip adds the RPC on top.
+    worker's round trip adds the RPC on top. ``restarts``: times a durable queue rebuilt itself from its log.
     """
 
     submitted: int
@@ -121,6 +123,7 @@ class QueueStats:
     wrong_weights: int
     mean_pull_s: float
     max_pull_s: float
+    restarts: int = 0
 
 
 @dataclass
@@ -168,16 +171,19 @@ class RequestQueue:
 
     # -- producer side -------------------------------------------------------------------------
     def submit(self, requests: Sequence[Request]) -> int:
-        """Queue ``requests`` in order; returns how many were queued. Ids must be new."""
+        """Queue ``requests`` in order; returns how many were new. A request identical to one already
+        submitted is skipped (a retried call after a queue restart); another request under a used id is refused."""
         for request in requests:
-            if request.request_id in self._entries:
-                raise QueueError(
-                    f"request id {request.request_id!r} was already submitted: give every request a unique id"
-                )
-        for request in requests:
-            self._entries[request.request_id] = _Entry(request, order=len(self._entries))
+            known = self._entries.get(request.request_id)
+            if known is not None and known.request != request:
+                raise QueueError(f"request id {request.request_id!r} was already submitted for another request: "
+                                 "give every request a unique id")
+        new = [request for request in requests if request.request_id not in self._entries]
+        for request in new:
+            self._entries[request.request_id] = entry = _Entry(request, order=len(self._entries))
             self._pending.append(request.request_id)
-        return len(requests)
+            self._note(entry, "submit")
+        return len(new)
 
     def results(self) -> dict[str, torch.Tensor]:
         """The result of every done request, by request id (each stored exactly once)."""
@@ -201,6 +207,7 @@ class RequestQueue:
             entry = self._entry(request_id)
             if entry.result is not None:
                 taken[request_id], entry.result = entry.result, None
+                self._note(entry, "take")
         return taken
 
     def cancel(self, request_ids: Sequence[str]) -> int:
@@ -219,6 +226,7 @@ class RequestQueue:
             if entry.status == "leased":
                 self._leases[entry.worker_id].discard(request_id)
             entry.status, entry.worker_id, entry.latent = "done", None, None
+            self._note(entry, "cancel")
             cancelled += 1
         self._counts["cancelled"] += cancelled
         return cancelled
@@ -256,6 +264,7 @@ class RequestQueue:
             entry.status, entry.worker_id, entry.expires_at = "leased", worker_id, expires_at
             entry.holders.add(worker_id)
             held.add(entry.request.request_id)
+            self._note(entry, "lease")
             self._counts["leases_granted"] += 1
             self._counts["resumed"] += entry.step > 0
             leases.append(Lease(entry.request, worker_id, entry.step, entry.latent, expires_at))
@@ -305,8 +314,9 @@ class RequestQueue:
             entry.expires_at = self._clock() + self.lease_timeout_s
             self._counts["checkpoints"] += 1
         else:
-            self._release(entry, front=True)
+            self._release(entry)
             self._counts["commits"] += 1
+        self._note(entry, "commit")
         return True
 
     def complete(self, worker_id: str, request_id: str, result: torch.Tensor, weights_version: int) -> bool:
@@ -337,6 +347,7 @@ class RequestQueue:
             self._counts["late_completions"] += 1
         entry.status, entry.worker_id, entry.latent = "done", None, None
         entry.result = _cpu_copy(result)
+        self._note(entry, "complete")
         return True
 
     def release(self, worker_id: str) -> list[str]:
@@ -349,7 +360,7 @@ class RequestQueue:
         """
         held = sorted((self._entries[rid] for rid in self._leases.get(worker_id, ())), key=lambda e: e.order)
         for entry in reversed(held):  # appendleft in reverse: they go first, in submission order
-            self._release(entry, front=True)
+            self._release(entry)
         return [entry.request.request_id for entry in held]
 
     def complete_many(
@@ -374,7 +385,7 @@ class RequestQueue:
         ]
         expired.sort(key=lambda entry: entry.order)
         for entry in reversed(expired):  # appendleft in reverse: they go first, in submission order
-            self._release(entry, front=True)
+            self._release(entry)
         self._counts["expirations"] += len(expired)
         return [entry.request.request_id for entry in expired]
 
@@ -383,14 +394,9 @@ class RequestQueue:
         statuses = [entry.status for entry in self._entries.values()]
         pulls = self._pull_seconds
         return QueueStats(
-            submitted=len(statuses),
-            pending=statuses.count("pending"),
-            leased=statuses.count("leased"),
-            done=statuses.count("done"),
-            pulls=len(pulls),
-            mean_pull_s=sum(pulls) / len(pulls) if pulls else 0.0,
-            max_pull_s=max(pulls, default=0.0),
-            **self._counts,
+            submitted=len(statuses), pending=statuses.count("pending"), leased=statuses.count("leased"),
+            done=statuses.count("done"), pulls=len(pulls), mean_pull_s=sum(pulls) / len(pulls) if pulls else 0.0,
+            max_pull_s=max(pulls, default=0.0), **self._counts,
         )
 
     # -- internals -----------------------------------------------------------------------------
@@ -407,17 +413,18 @@ class RequestQueue:
             return False
         self._counts["wrong_weights"] += 1
         if entry.status == "leased":
-            self._release(entry, front=True)
+            self._release(entry)
         return True
 
-    def _release(self, entry: _Entry, front: bool) -> None:
+    def _release(self, entry: _Entry) -> None:
         """Leased -> pending, keeping the committed state; resumed work goes first."""
         self._leases[entry.worker_id].discard(entry.request.request_id)
         entry.status, entry.worker_id = "pending", None
-        if front:
-            self._pending.appendleft(entry.request.request_id)
-        else:
-            self._pending.append(entry.request.request_id)
+        self._pending.appendleft(entry.request.request_id)
+        self._note(entry, "release")
+
+    def _note(self, entry: _Entry, change: str) -> None:
+        """Hook: ``entry`` just changed (``change`` says how); a durable queue logs it, this one keeps nothing."""
 
 
 class QueueClient(Protocol):

@@ -40,7 +40,7 @@ from spotlight.runtime.elastic_sp import ElasticSP
 from spotlight.runtime.events import EventLog
 from spotlight.runtime.pools import CallResult, LocalCluster, PoolError, SpotPool, attach_cluster
 from spotlight.runtime.preemption import TraceReplay
-from spotlight.runtime.queue import start_queue_actor
+from spotlight.runtime.queue_durable import start_durable_queue_actor
 from spotlight.runtime.rounds import Round
 from spotlight.runtime.settings import RuntimeSection
 from spotlight.runtime.sp_groups import start_elastic_sp
@@ -121,7 +121,7 @@ class SpotCluster:
             initial = {name: devices for name, (_, devices) in found.items()}
             if not self.mode.rents_spot:
                 initial_ids, initial = {}, {}
-        self.queue = start_queue_actor(section.lease_timeout_s, resource="on_demand")
+        self.queue = start_durable_queue_actor(self._queue_log_path(), section.lease_timeout_s, resource="on_demand")
         settings = WorkerSettings(capacity=section.worker_capacity, forward_batch=section.forward_batch,
                                   heartbeat_s=1.0, idle_wait_s=0.02, min_step_s=section.min_step_s)
         local = section.address is None  # attached spot nodes are machines of their own: Ray places them
@@ -164,6 +164,16 @@ class SpotCluster:
             self.trace.returns()  # the nodes of t = 0 are live already
         self.controller = threading.Thread(target=self._control, name="spotlight-controller", daemon=True)
         self.controller.start()
+
+    def _queue_log_path(self) -> Path:
+        """A new write-ahead log for this driver's queue: queue-log-<n>.jsonl, n counting the run's drivers.
+
+        A restarted queue actor replays its own driver's log; a resumed run starts a log of its own
+        (the rounds it needs again come from its checkpoint or are requested again), keeping the old ones.
+        """
+        taken = {path.name for path in self.run_dir.glob("queue-log-*.jsonl")}
+        return self.run_dir / next(f"queue-log-{n}.jsonl" for n in range(len(taken) + 1)
+                                   if f"queue-log-{n}.jsonl" not in taken)
 
     def _sp_node_added(self, node: str) -> None:
         """Log and bill a spot node of the SP groups (its sp_degree device processes) from now."""

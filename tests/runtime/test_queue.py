@@ -182,8 +182,9 @@ def test_counts_follow_the_lifecycle(queue: RequestQueue) -> None:
 
 
 def test_protocol_violations_raise_errors_that_name_the_fix(queue: RequestQueue) -> None:
+    assert queue.submit(requests(1)) == 0  # the same request again (a call retried after a restart): skipped
     with pytest.raises(QueueError, match="unique id"):
-        queue.submit(requests(1))
+        queue.submit(requests(1, SamplingPlan(num_steps=2)))  # another request under a used id
     with pytest.raises(QueueError, match="never submitted"):
         queue.commit("a", "nope", latent(0.0), 1, weights_version=0)
     with pytest.raises(QueueError, match="without ever leasing"):
