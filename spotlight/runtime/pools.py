@@ -124,6 +124,10 @@ class LocalCluster:
         self._nodes[name] = node
         return node.node_id
 
+    def is_live(self, name: str) -> bool:
+        """Whether spot node ``name`` was added and not removed since."""
+        return name in self._nodes
+
     def remove_spot_node(self, name: str) -> None:
         """Kill spot node ``name`` and every process on it (a preemption); a no-op if it is gone."""
         node = self._nodes.pop(name, None)

@@ -277,8 +277,16 @@ class SpotCluster:
             with self.lock:
                 for lost in self.pool.node_removed(node):
                     self._collect(lost)
-        self.joining += [joined.node_id for joined in self.trace.returns()]
+        # A controller that fell behind (a tick blocked for seconds) can read a node's remove, add, remove, add
+        # at once: its removals collapse into one above, and its returns must too, or the second add of a
+        # node that is up by then fails for ever and holds up every later join (seen in benchmarks/chaos.py).
+        for joined in self.trace.returns():
+            if joined.node_id not in self.joining:
+                self.joining.append(joined.node_id)
         for node in list(self.joining):
+            if self.cluster.is_live(node):  # up already: nothing to start
+                self.joining.remove(node)
+                continue
             try:
                 node_id = self.cluster.add_spot_node(node)
             except PoolError as error:  # retried on the next tick, as a cloud retries a spot request
