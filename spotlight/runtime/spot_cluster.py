@@ -138,7 +138,7 @@ class SpotCluster:
             self.elastic = start_elastic_sp(section, self.queue, model, self.cluster.cluster, list(initial),
                                             self.run_dir / "reconfigurations.jsonl", self.now, TICK_S)
         deadline = time.monotonic() + section.node_timeout_s
-        while len(self.pool.devices(state="idle")) < sum(initial[name] for name in initial_ids):
+        while self.pool.devices(state="starting"):  # a device that dies while starting is dropped, not awaited
             self.pool.poll(0.1)
             if time.monotonic() > deadline:
                 raise PoolError(f"spot devices did not start within {section.node_timeout_s:.0f} s: the machine is "
