@@ -17,6 +17,7 @@ module decides what they run: which requests a round holds, and how its results 
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,17 +28,17 @@ import torch
 from spotlight.backends.protocol import TrainerView
 from spotlight.diffusion.sampler import Trajectory
 from spotlight.explore.candidates import exploration_sampling, score_latents
-from spotlight.explore.planner import ExplorePlan, round_budget
+from spotlight.explore.planner import Decision, ExplorePlan, round_budget
 from spotlight.generation import generate
 from spotlight.modes import Mode
 from spotlight.rollout import group_requests, rollout_plan
 from spotlight.run_error import RunError
 from spotlight.runtime.device import ComputeClock
-from spotlight.runtime.queue import Request
+from spotlight.runtime.queue import RemoteQueue, Request
 from spotlight.runtime.rounds import Round, results_in_order
 from spotlight.runtime.spot_cluster import ON_DEMAND, SpotCluster
 from spotlight.runtime.usage import IterationMarks, iteration_usage
-from spotlight.runtime.worker import model_weights
+from spotlight.runtime.worker import WorkerSettings, model_from_weights, model_weights, worker_loop
 from spotlight.seed_choice import Exploration, select_explored
 from spotlight.streams import Stream, candidate_seeds, iteration_generator, iteration_prompts
 
@@ -115,6 +116,10 @@ class RayBackend:
         self.monitor_round: PendingMonitor | None = None  # rides along in the next round (spotlight)
         self.round_monitor: PendingMonitor | None = None  # the one riding in the open round
         self.round_metrics: dict[str, float] = {}  # the planner's, when no round opened beside training
+        self.weights: tuple[int, Any] | None = None  # (version, ray.put ref) of the weights spot devices hold
+        if config.runtime.complete_rounds and view.planner is not None and len(view.planner.arms) != 1:
+            raise RunError(f"runtime.complete_rounds needs one planner arm (got {len(view.planner.arms)}): set "
+                           "explore.planner's num_candidates and num_steps to one value each")
         self.cluster = SpotCluster(config.runtime, config.mode, view.model, view.run_dir,
                                    core_of=lambda k: config.device_core(k + 1))
 
@@ -128,6 +133,7 @@ class RayBackend:
             cluster.ledger.busy(ON_DEMAND, previous_end, self.marks.started, "eval",
                                 compute_s=min(self.marks.started - previous_end, compute_mark - self.eval_compute_mark))
         weights_ref = ray.put(model_weights(view.model))  # θ_i: one object, every spot device maps it
+        self.weights = (iteration, weights_ref)
         with cluster.lock:
             cluster.pool.set_weights(iteration, weights_ref)
         elastic = cluster.elastic
@@ -251,7 +257,10 @@ class RayBackend:
         monitor = self.monitor_round if self.mode is Mode.SPOTLIGHT else None
         budget = round_budget(view.planner, budget_s, devices,
                               None if monitor is None else (monitor.plan, len(monitor.prompts)))
-        decision = view.planner.choose(budget, num_devices=devices, num_prompts=len(prompts))
+        if config.runtime.complete_rounds:  # the one arm, whatever is up now: the round runs whole anyway
+            decision = Decision(view.planner.arms[0], math.nan, (view.planner.arms[0],), {})
+        else:
+            decision = view.planner.choose(budget, num_devices=devices, num_prompts=len(prompts))
         plan_metrics = {"planner/budget_s": budget_s, "planner/predicted_s": decision.predicted_time_s,
                         "planner/feasible_arms": float(len(decision.feasible_arms)), "planner/spot_devices": devices}
         if decision.plan is None:
@@ -287,6 +296,10 @@ class RayBackend:
         """Wait for the open round (cancelling what is left after runtime.explore_wait_s), score and select."""
         config, view, cluster = self.config, self.view, self.cluster
         round_, monitor = cluster.round, self.round_monitor
+        if config.runtime.complete_rounds:  # nothing of the round is left once this returns
+            self._serve_round_here(round_.version)
+            with cluster.lock:
+                round_.drained = True
         drained = cluster.wait(lambda: round_.drained, config.runtime.explore_wait_s)
         with cluster.lock:
             cluster.round = None
@@ -319,6 +332,25 @@ class RayBackend:
             self.monitor_round = None if m == 0 else PendingMonitor(
                 round_.target, round_.plan, round_.prompts[:m], round_.candidates[:m], rewards[:m],
                 exploration.seeds[:m], ids=[])
+
+    def _serve_round_here(self, version: int) -> None:
+        """The on-demand device serves the open round's requests for θ_version until none is left.
+
+        It pulls through the queue beside the spot devices, with their worker loop and forward batch,
+        so a request's result is the same bits whichever device ran it, and a request a lost spot
+        device still leases comes back to it when the lease expires.
+        """
+        cluster, section = self.cluster, self.config.runtime
+        if self.weights is None or self.weights[0] != version:
+            raise RunError(f"exploration round for weights version {version} outlived them: a bug, please report it")
+        model = model_from_weights(self.view.model.config, ray.get(self.weights[1]))
+        settings = WorkerSettings(capacity=section.worker_capacity, forward_batch=section.forward_batch,
+                                  heartbeat_s=1.0, idle_wait_s=0.02)
+        started = cluster.now()
+        report = worker_loop(RemoteQueue(cluster.queue), ON_DEMAND, model, settings, threading.Event(), version)
+        ended = cluster.now()
+        cluster.ledger.busy(ON_DEMAND, started, ended, "explore", compute_s=ended - started)
+        cluster.events.write(ended, "round_served_on_demand", version=version, completed=report.completed)
 
     def _staleness(self, monitor: PendingMonitor, results: dict[str, torch.Tensor]) -> dict[str, float]:
         """Kendall τ of the monitor prompts' candidate rankings under θ_{i-1} (stale) and θ_i (fresh)."""

@@ -34,7 +34,13 @@ class RuntimeSection(Section):
     iterations. ``planner``: the exploration planner when ``explore.planner`` is null; its grid is
     finer in N than the single-process default so that the chosen plan fills the training time.
     ``explore_wait_s``: after training, how long to wait for unfinished exploration (spot nodes
-    all gone) before its prompts fall back to random seeds. ``min_step_s``: a spot device's exploration
+    all gone) before its prompts fall back to random seeds. ``complete_rounds``: every exploration
+    round runs whole, so a run's numbers do not depend on when spot devices come and go: the round's
+    plan is the planner's single arm (required) whatever the number of spot devices up, and at the
+    round's close the on-demand device serves what is left through the queue beside the spot devices
+    (bit-identical results, `spotlight.runtime.worker.worker_loop`); for reproducible runs under
+    preemptions (`benchmarks/chaos.py`), at the cost of exploration on the critical path when spot
+    devices are short. ``min_step_s``: a spot device's exploration
     pass takes at least this long, to emulate a slower accelerator in tests and demos (0: CPU speed);
     with ``sp_degree`` > 1, each SP denoising step does. ``sp_degree``: 1 runs one single-process
     device per spot node; k > 1 serves exploration with elastic SP groups of degree k instead (each
@@ -59,6 +65,7 @@ class RuntimeSection(Section):
     forward_batch: int = Field(16, ge=1)
     min_step_s: float = Field(0.0, ge=0)
     explore_wait_s: float = Field(15.0, ge=0)
+    complete_rounds: bool = False
     node_timeout_s: float = Field(120.0, gt=0)
     sp_degree: int = Field(1, ge=1)
     cloud: Literal["auto", "aws", "gcp", "azure", "none"] = "auto"
