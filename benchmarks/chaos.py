@@ -2,10 +2,12 @@
 
     .venv/bin/python benchmarks/chaos.py [--seed 0] [--iterations 30]
 
-Both runs train the shipped shapes base model in mode spotlight (one planner arm, so the plan never
-depends on timing) with the reward served over HTTP by `spotlight.rewards.supervisor.RewardSupervisor`,
-each driver a process of its own (`python benchmarks/chaos.py driver ...`, which calls the same
-`spotlight.pipeline.train` as `spotlight train`, with an `HTTPReward`).
+Both runs train the shipped shapes base model in mode spotlight with ``runtime.complete_rounds`` (one
+planner arm, every round run whole, the on-demand device serving what the spot devices leave, so neither
+the plan nor the explored seeds depend on which spot devices are up), with the reward served over HTTP
+by `spotlight.rewards.supervisor.RewardSupervisor`, each driver a process of its own (`python
+benchmarks/chaos.py driver ...`, which calls the same `spotlight.pipeline.train` as `spotlight train`,
+with an `HTTPReward`).
 
 The fault-free run keeps its spot nodes (no trace). The faulty run gets:
 
@@ -57,7 +59,7 @@ def settings(run_dir: Path, trace: str | None, iterations: int) -> dict[str, Any
         "eval": {"every": 1000, "seeds_per_prompt": 1, "num_steps": 2, "grid_prompts": 1},
         "runtime": {"num_spot_devices": NUM_NODES, "trace": trace, "time_scale": 1.0, "grace_s": 0.5,
                     "max_wall_s": None, "explore_wait_s": 300.0, "node_timeout_s": 240.0, "lease_timeout_s": 5.0,
-                    "worker_capacity": 16, "forward_batch": 8,
+                    "worker_capacity": 16, "forward_batch": 8, "complete_rounds": True,
                     "planner": {"num_candidates": [12], "num_steps": [3], "budget_fraction": 1.0}},
     }
 
