@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from provenance import RESULTS, git_commit, machine
 
-from spotlight.explore.planner import ExplorationPlanner, ExplorePlan, PlannerConfig
+from spotlight.explore.planner import ExplorationPlanner, ExplorePlan, PlannerSection
 from spotlight.explore.selection import select_seeds
 
 
@@ -144,7 +144,7 @@ def fill_budget_arm(arms: list[ExplorePlan], fits: np.ndarray) -> int | None:
     return max(fitting, key=lambda a: (arms[a].candidate_steps, arms[a].num_steps)) if fitting else None
 
 
-def run_planner(truth: Truth, arms: list[ExplorePlan], config: PlannerConfig) -> tuple[np.ndarray, dict]:
+def run_planner(truth: Truth, arms: list[ExplorePlan], config: PlannerSection) -> tuple[np.ndarray, dict]:
     """Per-round regret of the planner in one world, (rounds,), and counts of what happened."""
     world = truth.world
     planner = ExplorationPlanner(config)
@@ -186,7 +186,7 @@ def main() -> None:
     torch.set_num_threads(1)
     started = time.perf_counter()
     world = World()
-    config = PlannerConfig()
+    config = PlannerSection()
     planner_arms = ExplorationPlanner(config).arms
     ns = sorted(set(config.num_candidates))
     rhos = np.linspace(0.0, 1.0, 11)

@@ -12,17 +12,17 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from spotlight.disagg.settings import DisaggSection
-from spotlight.explore.planner import PlannerConfig
+from spotlight.disagg.section import DisaggSection
+from spotlight.explore.planner import PlannerSection
 from spotlight.models.policy_section import PolicySection
 from spotlight.modes import Mode
 from spotlight.runtime.cores import available_cores, check_cores
-from spotlight.runtime.settings import RuntimeSection
+from spotlight.runtime.section import RuntimeSection
 from spotlight.schema import ConfigError, Section  # noqa: F401 (re-exported: ConfigError, Section)
 from spotlight.tasks import TaskName
 
 
-class ModelSection(Section):
+class TinyDiTSection(Section):
     """TinyDiT architecture (used by ``pretrain``; ``train`` takes it from the base checkpoint)."""
 
     image_size: int = Field(32, ge=8)
@@ -104,7 +104,7 @@ class ExploreSection(Section):
     sampler: Literal["sde", "ode"] = "sde"
     staleness_floor: float = Field(0.3, ge=-1, le=1)
     monitor_prompts: int = Field(4, ge=0)
-    planner: PlannerConfig | None = None
+    planner: PlannerSection | None = None
     initial_budget_s: float = Field(5.0, gt=0)
 
 
@@ -149,7 +149,7 @@ class TrainConfig(Section):
     eval: EvalSection = EvalSection()
     runtime: RuntimeSection = RuntimeSection()
     model: PolicySection = PolicySection()  # tinydit (base_checkpoint) or a tiny diffusers family with LoRA
-    disagg: DisaggSection = DisaggSection()  # mode disaggregated's switches (spotlight/disagg/settings.py)
+    disagg: DisaggSection = DisaggSection()  # mode disaggregated's switches (spotlight/disagg/section.py)
 
     def device_core(self, device: int) -> int | None:
         """The core of device ``device`` (0: the trainer / on-demand device, k + 1: spot device k); None: unpinned."""
@@ -270,7 +270,7 @@ class PretrainConfig(Section):
     out_dir: str = "runs/pretrain"
     num_threads: int = Field(2, ge=1)
     eval_every: int = Field(1000, ge=1)
-    model: ModelSection = ModelSection()
+    model: TinyDiTSection = TinyDiTSection()
     eval: EvalSection = EvalSection()
 
 

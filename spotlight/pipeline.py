@@ -47,7 +47,7 @@ from spotlight.config import TrainConfig, TrainSection, dump_config
 from spotlight.disagg.loop_update import GroupedUpdate
 from spotlight.disagg.versions import VersionGate
 from spotlight.evaluation import evaluate
-from spotlight.explore.planner import ExplorationPlanner, PlannerConfig
+from spotlight.explore.planner import ExplorationPlanner, PlannerSection
 from spotlight.explore.staleness import StalenessMonitor
 from spotlight.loop_model import LoopModel
 from spotlight.pretrain import ema_decay_at, update_ema
@@ -84,7 +84,7 @@ def build_optimizer(model: torch.nn.Module, section: TrainSection) -> torch.opti
     return torch.optim.AdamW(model.parameters(), lr=section.learning_rate, weight_decay=section.weight_decay)
 
 
-def planner_config(config: TrainConfig) -> PlannerConfig | None:
+def planner_config(config: TrainConfig) -> PlannerSection | None:
     """The exploration planner's grid: ``explore.planner``; on Ray exploring modes always plan (runtime.planner)."""
     if config.explore.planner is not None:
         return config.explore.planner

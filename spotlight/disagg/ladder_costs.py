@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 
 from spotlight.disagg.ladder_config import Costs, DiTModel, Hardware
-from spotlight.sim.workload import WorkloadConfig, forward_flops
+from spotlight.sim.workload import WorkloadSection, forward_flops
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class StepCosts:
 
 def forward_s(model: DiTModel, hardware: Hardware, mfu: float) -> float:
     """One guided forward of one sample (all ``guidance_forwards``) at ``mfu``."""
-    workload = WorkloadConfig(resolution=model.resolution, text_tokens=model.text_tokens,
+    workload = WorkloadSection(resolution=model.resolution, text_tokens=model.text_tokens,
                               num_layers=model.num_layers, hidden_size=model.hidden_size, params=model.params)
     return model.guidance_forwards * forward_flops(workload) / (mfu * hardware.peak_flops)
 

@@ -20,7 +20,7 @@ from pydantic import Field, field_validator
 
 from spotlight.schema import Section
 
-__all__ = ["Decision", "ExplorationPlanner", "ExplorePlan", "PlannerConfig", "plan_grid", "round_budget"]
+__all__ = ["Decision", "ExplorationPlanner", "ExplorePlan", "PlannerSection", "plan_grid", "round_budget"]
 
 Sampler = Literal["sde", "ode"]
 
@@ -52,7 +52,7 @@ def plan_grid(ns: Iterable[int], ss: Iterable[int], sampler: Sampler = "sde") ->
     return [ExplorePlan(n, s, sampler) for n, s in itertools.product(ns, ss)]
 
 
-class PlannerConfig(Section):
+class PlannerSection(Section):
     """The bandit's arms and rule. Defaults run; see ExplorationPlanner for what each knob does."""
 
     num_candidates: tuple[int, ...] = (8, 16, 32, 64)
@@ -145,8 +145,8 @@ class ExplorationPlanner:
     that.
     """
 
-    def __init__(self, config: PlannerConfig | None = None) -> None:
-        self.config = config if config is not None else PlannerConfig()
+    def __init__(self, config: PlannerSection | None = None) -> None:
+        self.config = config if config is not None else PlannerSection()
         self.arms = plan_grid(self.config.num_candidates, self.config.num_steps, self.config.sampler)
         self._arm_index = {arm: i for i, arm in enumerate(self.arms)}
         num_arms = len(self.arms)

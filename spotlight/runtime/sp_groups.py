@@ -13,7 +13,7 @@ from spotlight.run_error import RunError
 from spotlight.runtime.elastic_sp import ElasticSP, ElasticSPSettings
 from spotlight.runtime.local_spot_nodes import LocalSpotNodes
 from spotlight.runtime.pools import PoolError
-from spotlight.runtime.settings import RuntimeSection
+from spotlight.runtime.section import RuntimeSection
 from spotlight.runtime.sp_policy import check_sp_policy
 from spotlight.runtime.worker import model_weights
 

@@ -42,7 +42,7 @@ from spotlight.runtime.pools import CallResult, LocalCluster, PoolError, SpotPoo
 from spotlight.runtime.preemption import TraceReplay
 from spotlight.runtime.queue_durable import start_durable_queue_actor
 from spotlight.runtime.rounds import Round
-from spotlight.runtime.settings import RuntimeSection
+from spotlight.runtime.section import RuntimeSection
 from spotlight.runtime.sp_groups import start_elastic_sp
 from spotlight.runtime.usage import run_totals
 from spotlight.runtime.watchers import WatchSettings

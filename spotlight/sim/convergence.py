@@ -6,7 +6,7 @@ Two halves of one model, both needed to replay exploration at a scale where no i
    Each prompt p has a difficulty logit μ_p ~ N(m + g·progress, s_p²) and each candidate seed j a
    logit x_pj = μ_p + u_pj, u_pj ~ N(0, s_u²); its rollout reward is sigmoid(k·x_pj). A preview with
    S of the rollout's T steps, or with the stale weights θ_i, sees x_pj + e_pj, e_pj Gaussian and
-   independent of u. Assumptions, each a `SignalConfig` field: logits are Gaussian (a reward that is
+   independent of u. Assumptions, each a `SignalSection` field: logits are Gaussian (a reward that is
    a smooth function of a latent seed quality), previews are unbiased, and preview errors of steps
    and staleness add independently. Their sizes are given as the Kendall τ between preview and
    rollout rankings of one prompt's seeds — the quantity the staleness monitor measures — because
@@ -54,11 +54,11 @@ from spotlight.explore.selection import select_seeds
 from spotlight.schema import Section
 
 __all__ = [
-    "ConvergenceConfig",
+    "ConvergenceSection",
     "ConvergenceModel",
     "GroupSignal",
     "MeasuredPoint",
-    "SignalConfig",
+    "SignalSection",
     "SignalModel",
     "fit_convergence",
     "load_measured_points",
@@ -70,7 +70,7 @@ __all__ = [
 # The signal a seed choice yields
 
 
-class SignalConfig(Section):
+class SignalSection(Section):
     """The synthetic reward landscape of the signal model (assumptions; see the module docstring).
 
     Logit units: a seed logit std of 1 with sharpness 1 gives rewards spread like sigmoid(N(0, 1)).
@@ -117,7 +117,7 @@ class SignalModel:
     amount of randomness for the same shapes.
     """
 
-    def __init__(self, config: SignalConfig, rollout_steps: int, seed: int) -> None:
+    def __init__(self, config: SignalSection, rollout_steps: int, seed: int) -> None:
         self.config = config
         self.rollout_steps = rollout_steps
         self._rng = np.random.default_rng(seed)
@@ -312,7 +312,7 @@ def load_measured_points(path: str | os.PathLike[str]) -> list[MeasuredPoint]:
     return points
 
 
-class ConvergenceConfig(Section):
+class ConvergenceSection(Section):
     """Where the simulator's convergence law comes from.
 
     alpha: the exponent, if given; else fitted from `measured` (a time_to_target.json; relative to the cwd)
@@ -326,8 +326,8 @@ class ConvergenceConfig(Section):
     vanilla_iterations: float = Field(100.0, gt=0)
 
 
-def resolve_convergence(config: ConvergenceConfig) -> tuple[float, str]:
-    """Return (alpha, where it came from) for a ConvergenceConfig, fitting the measured file if needed."""
+def resolve_convergence(config: ConvergenceSection) -> tuple[float, str]:
+    """Return (alpha, where it came from) for a ConvergenceSection, fitting the measured file if needed."""
     if config.alpha is not None:
         return config.alpha, "given"
     if config.measured is not None:

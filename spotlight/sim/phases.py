@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from spotlight.market.billing import CostMeter, Phase
 from spotlight.market.pools import POOLS, Pool
-from spotlight.sim.sim_config import ClusterConfig
+from spotlight.sim.sim_config import ClusterSection
 from spotlight.sim.spot_timeline import SpotTimeline
 from spotlight.sim.workload import DeviceTimes
 
@@ -84,7 +84,7 @@ class PhaseRunner:
     pools: PoolTimes
 
     def __init__(
-        self, cluster: ClusterConfig, sp_degree: int, spot: SpotTimeline, meter: CostMeter, uses_spot: bool
+        self, cluster: ClusterSection, sp_degree: int, spot: SpotTimeline, meter: CostMeter, uses_spot: bool
     ) -> None:
         self.cluster, self.sp_degree, self.spot, self.meter, self.uses_spot = cluster, sp_degree, spot, meter, uses_spot
 

@@ -10,13 +10,13 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from spotlight.explore.planner import PlannerConfig
+from spotlight.explore.planner import PlannerSection
 from spotlight.modes import Mode
 from spotlight.schema import Section
-from spotlight.sim.convergence import ConvergenceConfig, SignalConfig
-from spotlight.sim.workload import WorkloadConfig
+from spotlight.sim.convergence import ConvergenceSection, SignalSection
+from spotlight.sim.workload import WorkloadSection
 
-__all__ = ["SIMULATED_MODES", "ClusterConfig", "LoopConfig", "SimConfig", "not_simulated"]
+__all__ = ["SIMULATED_MODES", "ClusterSection", "LoopSection", "SimConfig", "not_simulated"]
 
 # The modes the simulator runs, in the order its reports list them. stale-explore is not one: it is
 # spotlight's seeds without its devices, a one-process measurement of staleness alone.
@@ -29,7 +29,7 @@ def not_simulated(mode: Mode) -> str:
             f"use one of {', '.join(SIMULATED_MODES)}")
 
 
-class ClusterConfig(Section):
+class ClusterSection(Section):
     """The devices, their prices and their preemptions.
 
     trace: a path, or the name of a trace shipped in the package (`traces.find_trace`). Its live
@@ -54,7 +54,7 @@ class ClusterConfig(Section):
     cold_restart_s: float = Field(120.0, ge=0)
 
 
-class LoopConfig(Section):
+class LoopSection(Section):
     """The GRPO loop's shape: P prompts × G samples per iteration, and when to stop.
 
     explore_wait_s (spotlight): how long the trainer waits, after training, for an exploration
@@ -82,12 +82,12 @@ class SimConfig(Section):
 
     mode: Mode = Mode.SPOTLIGHT
     seed: int = 0
-    cluster: ClusterConfig = ClusterConfig()
-    workload: WorkloadConfig = WorkloadConfig()
-    loop: LoopConfig = LoopConfig()
-    planner: PlannerConfig = PlannerConfig(num_candidates=(16, 32, 64, 128))
-    signal: SignalConfig = SignalConfig()
-    convergence: ConvergenceConfig = ConvergenceConfig()
+    cluster: ClusterSection = ClusterSection()
+    workload: WorkloadSection = WorkloadSection()
+    loop: LoopSection = LoopSection()
+    planner: PlannerSection = PlannerSection(num_candidates=(16, 32, 64, 128))
+    signal: SignalSection = SignalSection()
+    convergence: ConvergenceSection = ConvergenceSection()
 
     @field_validator("mode")
     @classmethod

@@ -66,7 +66,7 @@ from spotlight.sim.results import IterationRecord, SimResult
 from spotlight.sim.sim_config import SIMULATED_MODES, SimConfig, not_simulated
 from spotlight.sim.spot_timeline import SpotTimeline
 from spotlight.sim.workload import (
-    WorkloadConfig,
+    WorkloadSection,
     device_times,
     explore_cost_factor,
     measured_device_times,
@@ -115,7 +115,7 @@ class _Simulation:
         except ValueError as error:
             raise ConfigError(f"convergence.measured: {error}") from None
 
-    def _use_times(self, workload: WorkloadConfig) -> None:
+    def _use_times(self, workload: WorkloadSection) -> None:
         """Set the pools' device times, the training time and exploration's cost from `workload`."""
         measured = workload.measured
         od_gpus, spot_gpus = self.gpus_per_machine

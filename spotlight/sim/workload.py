@@ -2,7 +2,7 @@
 
 The simulator replays the training loop for models that cannot run here (Qwen-Image, 20 B
 parameters, at 512² and 1280² on hundreds of H100s), so its step times are derived from FLOPs,
-bytes and link bandwidths, not measured. Every number below is a `WorkloadConfig` field a user can
+bytes and link bandwidths, not measured. Every number below is a `WorkloadSection` field a user can
 override with a measured one; the defaults are a Qwen-Image-class MMDiT on H100 SXM.
 
 Architecture (defaults; Qwen-Image technical report and its diffusers config): 60 dual-stream
@@ -56,7 +56,7 @@ train (spot): a pipelined broadcast moves the trainable parameters' bytes once p
 trainable · 2 bytes / link = 1.0 s for 20 B over 40 GB/s. A device that joins mid-phase copies the
 full weights from a peer the same way.
 
-Measured times. Where the devices exist (the runtime's local run), `WorkloadConfig.measured`
+Measured times. Where the devices exist (the runtime's local run), `WorkloadSection.measured`
 replaces every derived time above with what the run measured (`MeasuredTimes`): the simulator then
 replays the same loop with the real per-step costs, which is how it is validated against the
 runtime (benchmarks/sim_vs_runtime.py).
@@ -71,7 +71,7 @@ from pydantic import Field
 from spotlight.schema import Section
 
 __all__ = [
-    "DeviceTimes", "IterationTimes", "MeasuredTimes", "WorkloadConfig", "describe", "device_times",
+    "DeviceTimes", "IterationTimes", "MeasuredTimes", "WorkloadSection", "describe", "device_times",
     "explore_cost_factor", "forward_flops", "measured_device_times", "sp_comm_bytes", "tokens",
 ]
 
@@ -119,7 +119,7 @@ class MeasuredTimes(Section):
         return self.model_copy(update=entry.model_dump(exclude_none=True))
 
 
-class WorkloadConfig(Section):
+class WorkloadSection(Section):
     """The model, resolution and hardware behind the simulator's step times (module docstring derives them)."""
 
     resolution: int = Field(1280, ge=16)
@@ -148,7 +148,7 @@ class WorkloadConfig(Section):
     measured: MeasuredTimes | None = None
 
 
-def tokens(config: WorkloadConfig) -> int:
+def tokens(config: WorkloadSection) -> int:
     """Return the sequence length of one sample: (res / (vae · patch))² image tokens + text tokens.
 
     The image side must be a multiple of vae_downsample · patch_size; a ValueError names the fix.
@@ -162,13 +162,13 @@ def tokens(config: WorkloadConfig) -> int:
     return (config.resolution // stride) ** 2 + config.text_tokens
 
 
-def forward_flops(config: WorkloadConfig) -> float:
+def forward_flops(config: WorkloadSection) -> float:
     """Return the FLOPs of one forward of one sample: 24·L·d²·n (projections, MLP) + 4·L·n²·d (attention)."""
     n, d, layers = tokens(config), config.hidden_size, config.num_layers
     return 24.0 * layers * d * d * n + 4.0 * layers * n * n * d
 
 
-def sp_comm_bytes(config: WorkloadConfig, sp_degree: int) -> float:
+def sp_comm_bytes(config: WorkloadSection, sp_degree: int) -> float:
     """Return the bytes one device sends in the Ulysses all-to-alls of one forward of one sample.
 
     Four all-to-alls per layer, each sending (sp − 1)/sp of the device's (n/sp)·d activation shard.
@@ -201,7 +201,7 @@ class DeviceTimes:
     uses_nvlink: bool
     measured_train_s: float | None = None
 
-    def train_s(self, config: WorkloadConfig, num_samples: int, num_devices: int) -> float:
+    def train_s(self, config: WorkloadSection, num_samples: int, num_devices: int) -> float:
         """Return the wall time of one GRPO update of `num_samples` samples on `num_devices` trainers.
 
         Compute divides evenly over the data-parallel devices (each holds whole samples); each of
@@ -218,7 +218,7 @@ class DeviceTimes:
         return compute + config.optimizer_steps * all_reduce
 
 
-def device_times(config: WorkloadConfig, gpus_per_machine: int = 8) -> DeviceTimes:
+def device_times(config: WorkloadSection, gpus_per_machine: int = 8) -> DeviceTimes:
     """Return the DeviceTimes of `config` on machines of `gpus_per_machine` GPUs.
 
     SP groups stay inside one machine (NVLink) when sp_degree ≤ gpus_per_machine, else they span
@@ -259,7 +259,7 @@ def device_times(config: WorkloadConfig, gpus_per_machine: int = 8) -> DeviceTim
     )
 
 
-def measured_device_times(config: WorkloadConfig, sample_step_s: float) -> DeviceTimes:
+def measured_device_times(config: WorkloadSection, sample_step_s: float) -> DeviceTimes:
     """Return DeviceTimes of one pool from `config.measured`, whose sample-step time is `sample_step_s`.
 
     A step of the batch on an SP group takes sample_step_s · batch / sp (the measured cost is per
@@ -282,7 +282,7 @@ def measured_device_times(config: WorkloadConfig, sample_step_s: float) -> Devic
     )
 
 
-def explore_cost_factor(config: WorkloadConfig) -> float:
+def explore_cost_factor(config: WorkloadSection) -> float:
     """Return exploration's cost per sample-step relative to a spot rollout's (1 unless measured otherwise)."""
     measured = config.measured
     if measured is None or measured.explore_sample_step_s is None:
@@ -290,7 +290,7 @@ def explore_cost_factor(config: WorkloadConfig) -> float:
     return measured.explore_sample_step_s / measured.spot_sample_step_s
 
 
-def describe(config: WorkloadConfig, gpus_per_machine: int = 8) -> dict[str, float]:
+def describe(config: WorkloadSection, gpus_per_machine: int = 8) -> dict[str, float]:
     """Return the headline derived numbers (tokens, TFLOP per forward, step and train times) for reports."""
     times = device_times(config, gpus_per_machine)
     return {

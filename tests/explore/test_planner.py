@@ -5,13 +5,13 @@ import pytest
 from pydantic import ValidationError
 
 from spotlight.config import ConfigError, parse_config
-from spotlight.explore.planner import ExplorationPlanner, ExplorePlan, PlannerConfig, plan_grid
+from spotlight.explore.planner import ExplorationPlanner, ExplorePlan, PlannerSection, plan_grid
 
 
 def make_planner(**overrides: object) -> ExplorationPlanner:
     settings: dict[str, object] = {"num_candidates": (8, 16, 32), "num_steps": (2, 4, 8)}
     settings.update(overrides)
-    return ExplorationPlanner(PlannerConfig(**settings))
+    return ExplorationPlanner(PlannerSection(**settings))
 
 
 def play(planner: ExplorationPlanner, values: dict[ExplorePlan, float], rounds: int) -> list[ExplorePlan]:
@@ -48,13 +48,13 @@ def test_bad_plan_values_are_rejected_with_the_field_name() -> None:
 
 def test_bad_config_values_name_the_field() -> None:
     with pytest.raises(ValidationError, match="discount"):
-        PlannerConfig(discount=1.5)
+        PlannerSection(discount=1.5)
     with pytest.raises(ConfigError, match=r"planner: cost_weight: .*less than or equal to 1"):
-        parse_config(PlannerConfig, {"cost_weight": 2.0}, source="planner")
+        parse_config(PlannerSection, {"cost_weight": 2.0}, source="planner")
     with pytest.raises(ConfigError, match="num_candidates: .*distinct"):
-        parse_config(PlannerConfig, {"num_candidates": [8, 8]}, source="planner")
+        parse_config(PlannerSection, {"num_candidates": [8, 8]}, source="planner")
     with pytest.raises(ConfigError, match="num_steps: .*at least one"):
-        parse_config(PlannerConfig, {"num_steps": []}, source="planner")
+        parse_config(PlannerSection, {"num_steps": []}, source="planner")
 
 
 def test_feasible_arms_are_exactly_those_within_budget() -> None:

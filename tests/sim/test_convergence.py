@@ -12,10 +12,10 @@ import pytest
 
 from spotlight.explore.planner import ExplorePlan
 from spotlight.sim.convergence import (
-    ConvergenceConfig,
     ConvergenceModel,
-    SignalConfig,
+    ConvergenceSection,
     SignalModel,
+    SignalSection,
     fit_convergence,
     load_measured_points,
     resolve_convergence,
@@ -110,30 +110,30 @@ def test_a_missing_measured_file_points_at_the_benchmark(tmp_path: Path) -> None
 
 def test_alpha_comes_from_the_config_then_the_measured_file_then_the_assumption(tmp_path: Path) -> None:
     path = write_benchmark(tmp_path / "r.json", {"a": ([0.1, 0.2, 0.4], [law(0.1), law(0.2), law(0.4)])})
-    assert resolve_convergence(ConvergenceConfig(alpha=0.5, measured=str(path))) == (0.5, "given")
-    alpha, source = resolve_convergence(ConvergenceConfig(measured=str(path)))
+    assert resolve_convergence(ConvergenceSection(alpha=0.5, measured=str(path))) == (0.5, "given")
+    alpha, source = resolve_convergence(ConvergenceSection(measured=str(path)))
     assert alpha == pytest.approx(1.7) and "fitted to 3 runs" in source
-    assert resolve_convergence(ConvergenceConfig())[0] == 1.0
+    assert resolve_convergence(ConvergenceSection())[0] == 1.0
 
 
 # --- the signal model -------------------------------------------------------------------------
 
 
 def test_random_seeds_give_the_random_std() -> None:
-    signal = SignalModel(SignalConfig(), rollout_steps=10, seed=0).draw(0.0, 16, 8, None, 0, stale=False)
+    signal = SignalModel(SignalSection(), rollout_steps=10, seed=0).draw(0.0, 16, 8, None, 0, stale=False)
     assert signal.group_std == signal.random_std
     assert math.isnan(signal.explored_variance)
 
 
 def test_exploring_exactly_group_size_candidates_keeps_all_of_them() -> None:
-    model = SignalModel(SignalConfig(), rollout_steps=10, seed=0)
+    model = SignalModel(SignalSection(), rollout_steps=10, seed=0)
     signal = model.draw(0.0, 16, 8, ExplorePlan(8, 2), 16, stale=True)
     assert signal.group_std == pytest.approx(signal.random_std, rel=1e-12)
 
 
 def test_a_faithful_preview_finds_the_max_variance_subset() -> None:
     # τ = 1 and S = T: the preview is the rollout, so the chosen group is the best of all C(6, 3).
-    config = SignalConfig(one_step_kendall_tau=1.0, stale_kendall_tau=1.0)
+    config = SignalSection(one_step_kendall_tau=1.0, stale_kendall_tau=1.0)
     signal = SignalModel(config, rollout_steps=4, seed=3).draw(0.0, 5, 3, ExplorePlan(6, 4), 5, stale=False)
     replay = np.random.default_rng(3)  # the model's draws: prompt logits, then seed logits
     prompt = replay.normal(0.0, 1.5, size=(5, 1))
@@ -143,7 +143,7 @@ def test_a_faithful_preview_finds_the_max_variance_subset() -> None:
 
 
 def test_preview_error_vanishes_at_full_steps_and_matches_kendall_tau_at_one_step() -> None:
-    model = SignalModel(SignalConfig(one_step_kendall_tau=0.3, stale_kendall_tau=0.8), rollout_steps=10, seed=0)
+    model = SignalModel(SignalSection(one_step_kendall_tau=0.3, stale_kendall_tau=0.8), rollout_steps=10, seed=0)
     assert model.preview_error_std(10, stale=False) == 0.0
     rho = math.sin(math.pi * 0.3 / 2)  # 0.45399
     assert model.preview_error_std(1, stale=False) == pytest.approx(math.sqrt(1 / rho**2 - 1), rel=1e-12)
@@ -158,7 +158,7 @@ def kendall_tau(a: np.ndarray, b: np.ndarray) -> float:
 
 def test_preview_error_reproduces_the_configured_kendall_tau() -> None:
     # Second path: draw seed logits and previews with the model's error and measure τ directly.
-    model = SignalModel(SignalConfig(one_step_kendall_tau=0.3), rollout_steps=10, seed=0)
+    model = SignalModel(SignalSection(one_step_kendall_tau=0.3), rollout_steps=10, seed=0)
     rng = np.random.default_rng(1)
     truth = rng.normal(size=1500)
     preview = truth + rng.normal(size=1500) * model.preview_error_std(1, stale=False)
@@ -167,7 +167,7 @@ def test_preview_error_reproduces_the_configured_kendall_tau() -> None:
 
 def test_more_candidates_and_more_steps_give_more_signal() -> None:
     def mean_stds(plan: ExplorePlan) -> tuple[float, float]:
-        model = SignalModel(SignalConfig(), rollout_steps=10, seed=0)
+        model = SignalModel(SignalSection(), rollout_steps=10, seed=0)
         draws = [model.draw(0.0, 32, 8, plan, 32, stale=True) for _ in range(20)]
         return float(np.mean([d.group_std for d in draws])), float(np.mean([d.random_std for d in draws]))
 
@@ -179,4 +179,4 @@ def test_more_candidates_and_more_steps_give_more_signal() -> None:
 
 def test_a_plan_smaller_than_the_group_is_refused() -> None:
     with pytest.raises(ValueError, match="fewer candidates than the group size"):
-        SignalModel(SignalConfig(), 10, 0).draw(0.0, 4, 8, ExplorePlan(4, 2), 4, stale=False)
+        SignalModel(SignalSection(), 10, 0).draw(0.0, 4, 8, ExplorePlan(4, 2), 4, stale=False)

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from spotlight.explore.planner import PlannerConfig
+from spotlight.explore.planner import PlannerSection
 from spotlight.modes import Mode
 from spotlight.schema import Section
 
@@ -72,7 +72,7 @@ class RuntimeSection(Section):
     metadata_url: str | None = None
     watch_interval_s: float = Field(1.0, gt=0)
     prices: PricesSection = PricesSection()
-    planner: PlannerConfig = PlannerConfig(
+    planner: PlannerSection = PlannerSection(
         num_candidates=(8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128),
         num_steps=(4, 7, 10),
     )
