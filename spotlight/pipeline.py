@@ -117,7 +117,7 @@ class Trainer:
             self.backend = open_backend(TrainerView(
                 config, self.model, self.previous, self.eval_model, self.reward, self.train_prompts, self.planner,
                 self.monitor, self.run_dir))
-            if resume and hasattr(self.backend, "load_state_dict"):  # what it had in flight (spotlight's next seeds)
+            if resume:  # what it had in flight (spotlight's next seeds)
                 self.backend.load_state_dict(self.backend_state)
         except BaseException:
             self._lock.release()
@@ -311,7 +311,7 @@ class Trainer:
             save_training_checkpoint(self.run_dir, done, self.model, self.optimizer, self.ema, {
                 "previous": self.previous.broadcast_state(), "monitor": self.monitor.state_dict(),
                 "planner": None if self.planner is None else self.planner.state_dict(), "budget_s": self.budget_s,
-                "backend": self.backend.state_dict() if hasattr(self.backend, "state_dict") else {}})
+                "backend": self.backend.state_dict()})
         except OSError as error:  # disk full, read-only: one line; the checkpoint before this one stays
             raise write_failed(self.run_dir / "checkpoints", error, self.run_dir) from error
 

@@ -148,6 +148,13 @@ class DisaggregatedBackend:
                 "usage/generators": generator_busy / (wall * len(self.generators)),
                 "disagg/explore_s": usage.get("explore_s", 0.0)}
 
+    def state_dict(self) -> dict[str, Any]:
+        """Nothing: a disaggregated run cannot resume yet (`check_backend` refuses it)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Never called: `check_backend` refuses --resume for this mode."""
+
     def close(self) -> None:
         """Stop the generators (they finish their task), then the cluster; safe to call twice."""
         if self.closed:

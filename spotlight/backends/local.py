@@ -9,6 +9,7 @@ prompts' candidates with θ_i to log how stale the ranking was (Kendall τ).
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
@@ -72,6 +73,13 @@ class LocalBackend:
 
     def close(self) -> None:
         """Nothing held."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Nothing held between iterations: every choice is redrawn from the run's streams."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Nothing to take back."""
 
     def _plan(self, budget_s: float, num_prompts: int) -> tuple[ExplorePlan | None, dict[str, float]]:
         """This iteration's exploration plan: the planner's choice within the budget, or the fixed plan."""

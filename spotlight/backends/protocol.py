@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -74,4 +74,12 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Release what the backend holds (devices, threads) and write its run totals; safe to call twice."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the backend holds between iterations that a resumed run needs (JSON-able; {} when nothing)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take back `state_dict` after ``--resume``, before the first iteration."""
         ...
