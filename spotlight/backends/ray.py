@@ -16,6 +16,7 @@ module decides what they run: which requests a round holds, and how its results 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ from spotlight.runtime.queue import RemoteQueue, Request
 from spotlight.runtime.rounds import Round, results_in_order
 from spotlight.runtime.spot_cluster import ON_DEMAND, SpotCluster
 from spotlight.runtime.usage import IterationMarks, iteration_usage
-from spotlight.runtime.worker import WorkerSettings, model_from_weights, model_weights, worker_loop
+from spotlight.runtime.worker import model_from_weights, model_weights, worker_loop
 from spotlight.seed_choice import Exploration, select_explored
 from spotlight.streams import Stream, candidate_seeds, iteration_generator, iteration_prompts
 
@@ -116,7 +117,6 @@ class RayBackend:
         self.monitor_round: PendingMonitor | None = None  # rides along in the next round (spotlight)
         self.round_monitor: PendingMonitor | None = None  # the one riding in the open round
         self.round_metrics: dict[str, float] = {}  # the planner's, when no round opened beside training
-        self.weights: tuple[int, Any] | None = None  # (version, ray.put ref) of the weights spot devices hold
         if config.runtime.complete_rounds and view.planner is not None and len(view.planner.arms) != 1:
             raise RunError(f"runtime.complete_rounds needs one planner arm (got {len(view.planner.arms)}): set "
                            "explore.planner's num_candidates and num_steps to one value each")
@@ -133,7 +133,6 @@ class RayBackend:
             cluster.ledger.busy(ON_DEMAND, previous_end, self.marks.started, "eval",
                                 compute_s=min(self.marks.started - previous_end, compute_mark - self.eval_compute_mark))
         weights_ref = ray.put(model_weights(view.model))  # θ_i: one object, every spot device maps it
-        self.weights = (iteration, weights_ref)
         with cluster.lock:
             cluster.pool.set_weights(iteration, weights_ref)
         elastic = cluster.elastic
@@ -340,12 +339,13 @@ class RayBackend:
         so a request's result is the same bits whichever device ran it, and a request a lost spot
         device still leases comes back to it when the lease expires.
         """
-        cluster, section = self.cluster, self.config.runtime
-        if self.weights is None or self.weights[0] != version:
+        cluster = self.cluster
+        with cluster.lock:
+            weights = cluster.pool.weights
+        if weights is None or weights[0] != version:
             raise RunError(f"exploration round for weights version {version} outlived them: a bug, please report it")
-        model = model_from_weights(self.view.model.config, ray.get(self.weights[1]))
-        settings = WorkerSettings(capacity=section.worker_capacity, forward_batch=section.forward_batch,
-                                  heartbeat_s=1.0, idle_wait_s=0.02)
+        model = model_from_weights(self.view.model.config, ray.get(weights[1]))
+        settings = dataclasses.replace(cluster.pool.settings, min_step_s=0.0)  # spot devices' batching, CPU speed
         started = cluster.now()
         report = worker_loop(RemoteQueue(cluster.queue), ON_DEMAND, model, settings, threading.Event(), version)
         ended = cluster.now()

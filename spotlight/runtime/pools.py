@@ -275,6 +275,11 @@ class SpotPool:
             if slot.state == "idle":
                 self._load(slot)
 
+    @property
+    def weights(self) -> tuple[int, Any] | None:
+        """(version, object-store ref) of the weights the devices are given, None before the first."""
+        return self._weights
+
     def devices(self, version: int | None = None, state: State | None = None) -> list[str]:
         """Ids of the live devices without a notice (holding ``version`` and in ``state`` when given)."""
         return [slot.device_id for slot in self._devices.values() if not slot.notified
