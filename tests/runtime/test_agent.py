@@ -10,15 +10,13 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 import torch
+from group_steps import denoise_on_group, single_device
 from random_models import randomised_tinydit
 
-from spotlight.diffusion.noise import initial_latents
 from spotlight.diffusion.sampler import SamplingPlan
-from spotlight.generation import generate
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
 from spotlight.runtime.agent import AgentError, GroupBroken, NodeAgent
 from spotlight.runtime.queue import Request, RequestQueue
@@ -35,19 +33,6 @@ def random_model(seed: int) -> TinyDiT:
     return randomised_tinydit(CONFIG, seed, 0.05)
 
 
-def single_device(model: TinyDiT, request: Request) -> torch.Tensor:
-    return generate(model, [request.prompt], [request.seed], request.plan).final[0]
-
-
-@pytest.fixture(scope="module")
-def agent() -> Iterator[NodeAgent]:
-    node_agent = NodeAgent("n0", num_devices=2, num_spares=1, collective_timeout_s=20.0)
-    try:
-        yield node_agent
-    finally:
-        node_agent.shutdown()
-
-
 def test_sp2_group_matches_one_device_and_sees_weights_replaced_in_place(agent: NodeAgent) -> None:
     model = random_model(0)
     agent.load_weights(CONFIG, model.state_dict())
@@ -56,16 +41,12 @@ def test_sp2_group_matches_one_device_and_sees_weights_replaced_in_place(agent: 
     group = diff.formed[0]
     assert (group.generation, group.members) == (0, ("n0/0", "n0/1"))
     request = Request("r0", "a red circle", 11, PLAN, weights_version=0)
-    latent = initial_latents([request.seed], CONFIG.latent_shape)[0]
-    for step in range(PLAN.num_steps):
-        latent = agent.run_step(group.name, request, latent, step)
+    latent = denoise_on_group(agent, group.name, request, CONFIG.latent_shape)
     assert (latent - single_device(model, request)).abs().max().item() <= 1e-5
 
     other = random_model(1)
     agent.load_weights(CONFIG, other.state_dict())  # same shapes: copied in place, no re-attach
-    latent = initial_latents([request.seed], CONFIG.latent_shape)[0]
-    for step in range(PLAN.num_steps):
-        latent = agent.run_step(group.name, request, latent, step)
+    latent = denoise_on_group(agent, group.name, request, CONFIG.latent_shape)
     assert (latent - single_device(other, request)).abs().max().item() <= 1e-5
     agent.load_weights(CONFIG, model.state_dict())
 
@@ -73,9 +54,7 @@ def test_sp2_group_matches_one_device_and_sees_weights_replaced_in_place(agent: 
 def test_killed_member_breaks_the_group_and_the_request_resumes_bit_identical(agent: NodeAgent) -> None:
     (group,) = agent.groups()
     request = Request("r1", "two blue squares", 5, PLAN, weights_version=0)
-    uninterrupted = initial_latents([request.seed], CONFIG.latent_shape)[0]
-    for step in range(PLAN.num_steps):
-        uninterrupted = agent.run_step(group.name, request, uninterrupted, step)
+    uninterrupted = denoise_on_group(agent, group.name, request, CONFIG.latent_shape)
 
     queue = RequestQueue(lease_timeout_s=60.0)
     queue.submit([request])
@@ -123,7 +102,5 @@ def test_prompts_go_through_the_tokenizer_of_the_task_the_weights_were_trained_f
     agent.load_weights(config, model.state_dict())  # new shapes: every device process re-attaches
     (group,) = agent.groups()
     request = Request("r2", text.random_prompts(torch.Generator().manual_seed(0), 1)[0], 3, PLAN, weights_version=0)
-    latent = initial_latents([request.seed], config.latent_shape)[0]
-    for step in range(PLAN.num_steps):
-        latent = agent.run_step(group.name, request, latent, step)
+    latent = denoise_on_group(agent, group.name, request, config.latent_shape)
     assert (latent - single_device(model, request)).abs().max().item() <= 1e-5

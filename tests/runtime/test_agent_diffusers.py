@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from group_steps import denoise_on_group, single_device
 
 from spotlight.base_policy import build_policy
 from spotlight.config import TrainConfig, load_config
-from spotlight.diffusion.noise import initial_latents
 from spotlight.diffusion.sampler import SamplingPlan
-from spotlight.generation import generate
 from spotlight.models.diffusers_adapter import DiffusersPolicy
 from spotlight.runtime.agent import NodeAgent
 from spotlight.runtime.queue import Request, RequestQueue
@@ -43,22 +41,8 @@ def trained_policy(seed: int) -> DiffusersPolicy:
     return policy.eval()
 
 
-def single_device(policy: DiffusersPolicy, request: Request) -> torch.Tensor:
-    with torch.no_grad():
-        return generate(policy, [request.prompt], [request.seed], request.plan).final[0]
-
-
 def sp_degrees(policy: DiffusersPolicy) -> dict[int, int]:
     return {policy.latent_shape[-1]: 2}
-
-
-@pytest.fixture(scope="module")
-def agent() -> Iterator[NodeAgent]:
-    node_agent = NodeAgent("n0", num_devices=2, num_spares=1, collective_timeout_s=20.0)
-    try:
-        yield node_agent
-    finally:
-        node_agent.shutdown()
 
 
 def test_an_sp2_group_given_only_lora_weights_matches_one_device(agent: NodeAgent) -> None:
@@ -73,17 +57,13 @@ def test_an_sp2_group_given_only_lora_weights_matches_one_device(agent: NodeAgen
     (group,) = diff.formed
     assert group.members == ("n0/0", "n0/1")
     request = Request("r0", "a red circle", 11, PLAN, weights_version=0)
-    latent = initial_latents([request.seed], policy.latent_shape)[0]
-    for step in range(PLAN.num_steps):
-        latent = agent.run_step(group.name, request, latent, step)
+    latent = denoise_on_group(agent, group.name, request, policy.latent_shape)
     expected = single_device(policy, request)
     assert (latent - expected).abs().max().item() <= TOLERANCE
 
     other = trained_policy(1)  # same shapes: the LoRA is replaced in place, the processes see it
     agent.load_weights(other.config, other.broadcast_state())
-    latent = initial_latents([request.seed], other.latent_shape)[0]
-    for step in range(PLAN.num_steps):
-        latent = agent.run_step(group.name, request, latent, step)
+    latent = denoise_on_group(agent, group.name, request, other.latent_shape)
     moved = single_device(other, request)
     assert (moved - expected).abs().max().item() > 1e-3  # the LoRA matters to the sample
     assert (latent - moved).abs().max().item() <= TOLERANCE
