@@ -15,6 +15,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from spotlight.disagg.section import DisaggSection
 from spotlight.explore.planner import PlannerSection
 from spotlight.models.policy_section import PolicySection
+from spotlight.rewards.section import RewardSection
 from spotlight.modes import Mode
 from spotlight.runtime.cores import available_cores, check_cores
 from spotlight.runtime.section import RuntimeSection
@@ -106,12 +107,6 @@ class ExploreSection(Section):
     monitor_prompts: int = Field(4, ge=0)
     planner: PlannerSection | None = None
     initial_budget_s: float = Field(5.0, gt=0)
-
-
-class RewardSection(Section):
-    """The training reward: GenEval partial credit mixed with the strict 0/1 flag."""
-
-    strict_weight: float = Field(0.5, ge=0, le=1)
 
 
 class EvalSection(Section):

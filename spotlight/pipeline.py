@@ -53,6 +53,7 @@ from spotlight.loop_model import LoopModel
 from spotlight.pretrain import ema_decay_at, update_ema
 from spotlight.report.grid import save_grid
 from spotlight.rewards.base import Reward
+from spotlight.rewards.registry import build_reward
 from spotlight.rl.checkpoint import (
     latest_checkpoint,
     load_model,
@@ -125,7 +126,7 @@ class Trainer:
 
     def _setup(self, config: TrainConfig, reward: Reward | None, resume: bool) -> None:
         task = get_task(config.task)
-        self.reward = reward if reward is not None else task.make_reward(config.reward.strict_weight)
+        self.reward = reward if reward is not None else build_reward(config.reward, task.make_reward)
         self.train_prompts, self.val_prompts = task.split()
         self.model = build_policy(config)
         if task_of(self.model) is not task:

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from spotlight.http_fetch import FetchError, fetch
-from spotlight.rewards.base import RewardOutput
+from spotlight.rewards.base import Metadata, RewardOutput
 from spotlight.rewards.wire import WireError, decode_output, encode_request
 
 
@@ -36,6 +36,9 @@ class HTTPReward:
     requests in flight at once (the server merges them into batches); an answer larger than
     max_response_bytes is refused unread.
     """
+
+    uses_metadata = True  # passed on to the server when the prompts have it
+    requires_metadata = False
 
     def __init__(self, url: str, name: str = "http", timeout_s: float = 60.0, retries: int = 2,
                  backoff_s: float = 0.5, max_request_images: int = 64, concurrency: int = 4,
@@ -70,9 +73,10 @@ class HTTPReward:
         except (WireError, ValueError) as error:
             raise RequestFailed(f"bad response from {self.url}: {error}", retry=False) from None
 
-    def _score_request(self, images: torch.Tensor, prompts: list[str]) -> RewardOutput:
+    def _score_request(self, images: torch.Tensor, prompts: list[str],
+                       metadata: list[Metadata] | None = None) -> RewardOutput:
         """Score one request with retries; on final failure every sample is invalid, with the reason."""
-        body = json.dumps(encode_request(images, prompts)).encode()
+        body = json.dumps(encode_request(images, prompts, metadata)).encode()
         failure = ""
         for attempt in range(self.retries + 1):
             if attempt:
@@ -89,24 +93,31 @@ class HTTPReward:
         return RewardOutput(torch.zeros(batch), torch.zeros(batch, dtype=torch.bool),
                             torch.zeros(batch, dtype=torch.bool), errors)
 
-    def score(self, images: torch.Tensor, prompts: Sequence[str]) -> RewardOutput:
+    def score(self, images: torch.Tensor, prompts: Sequence[str],
+              metadata: Sequence[Metadata] | None = None) -> RewardOutput:
         """Rewards of images (B, 3, H, W) in [0, 1]; samples of failed requests come back valid=False."""
         prompts = list(prompts)
         if images.shape[0] != len(prompts):
             raise ValueError(f"got {images.shape[0]} images but {len(prompts)} prompts; pass one per image")
-        starts = list(range(0, len(prompts), self.max_request_images))
-        chunks = [(images[start : start + self.max_request_images], prompts[start : start + self.max_request_images])
-                  for start in starts]
+        records = None if metadata is None else list(metadata)
+        step = self.max_request_images
+        starts = list(range(0, len(prompts), step))
+        chunks = [(images[start : start + step], prompts[start : start + step],
+                   None if records is None else records[start : start + step]) for start in starts]
         with ThreadPoolExecutor(max_workers=min(self.concurrency, max(1, len(chunks)))) as pool:
             outputs = list(pool.map(lambda chunk: self._score_request(*chunk), chunks))
         errors = []
         for start, out in zip(starts, outputs, strict=True):
             errors += [_shift_sample_index(line, start) for line in out.errors]
+        # a failed request has no terms: its samples are invalid, so zeros stand in for them
+        names = list(dict.fromkeys(term for out in outputs for term in out.terms))
+        terms = {term: torch.cat([out.terms.get(term, torch.zeros(out.rewards.shape[0])) for out in outputs])
+                 for term in names}
         return RewardOutput(
             torch.cat([out.rewards for out in outputs]) if outputs else torch.zeros(0),
             torch.cat([out.strict for out in outputs]) if outputs else torch.zeros(0, dtype=torch.bool),
             torch.cat([out.valid for out in outputs]) if outputs else torch.zeros(0, dtype=torch.bool),
-            errors,
+            errors, terms,
         )
 
 

@@ -37,9 +37,12 @@ import torch
 
 from spotlight.rewards.base import Reward, RewardError, RewardOutput, guarded_score
 from spotlight.rewards.http_io import HTTPProblem, content_length, encode_response, read_head
-from spotlight.rewards.wire import WireError, decode_request, encode_output
+from spotlight.rewards.wire import WireError, decode_metadata, decode_request, encode_output
 
 MAX_BODY_BYTES = 64 * 1024 * 1024  # 64 MiB: ~200k shapes images (32x32 RGB) in one request
+# Connections the kernel completes before the loop accepts them. Beyond it Linux drops the SYN and the
+# client retries only after 1 s, then 3 s: a burst of clients on a busy machine would wait seconds.
+LISTEN_BACKLOG = 1024
 _STOP = object()  # tells the batcher thread to end
 
 
@@ -58,6 +61,7 @@ class _Job:
     images: torch.Tensor
     prompts: list[str]
     result: Future
+    metadata: list[dict[str, Any]] | None = None
 
 
 class Batcher:
@@ -72,9 +76,10 @@ class Batcher:
         self._thread = threading.Thread(target=self._run, name="reward-batcher", daemon=True)
         self._thread.start()
 
-    def submit(self, images: torch.Tensor, prompts: list[str]) -> Future:
+    def submit(self, images: torch.Tensor, prompts: list[str],
+               metadata: list[dict[str, Any]] | None = None) -> Future:
         """Queue one request; the future resolves to its RewardOutput (or the exception that stopped it)."""
-        job = _Job(images, prompts, Future())
+        job = _Job(images, prompts, Future(), metadata)
         self._jobs.put(job)
         return job.result
 
@@ -94,7 +99,8 @@ class Batcher:
                 job = self._jobs.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 break
-            fits = job is not _STOP and job.images.shape[1:] == first.images.shape[1:]
+            fits = (job is not _STOP and job.images.shape[1:] == first.images.shape[1:]
+                    and (job.metadata is None) == (first.metadata is None))
             if not fits or size + len(job.prompts) > self.max_batch:
                 return jobs, job
             jobs.append(job)
@@ -110,8 +116,9 @@ class Batcher:
 
     def _score(self, jobs: list[_Job]) -> None:
         prompts = [prompt for job in jobs for prompt in job.prompts]
+        metadata = None if jobs[0].metadata is None else [record for job in jobs for record in job.metadata or []]
         try:
-            out = guarded_score(self.reward, torch.cat([job.images for job in jobs]), prompts)
+            out = guarded_score(self.reward, torch.cat([job.images for job in jobs]), prompts, metadata)
         except RewardError as error:  # every sample failed: each is marked, with the reason
             batch = len(prompts)
             out = RewardOutput(torch.zeros(batch), torch.zeros(batch, dtype=torch.bool),
@@ -125,7 +132,8 @@ class Batcher:
         for job in jobs:
             stop = start + len(job.prompts)
             job.result.set_result(RewardOutput(out.rewards[start:stop].clone(), out.strict[start:stop].clone(),
-                                               out.valid[start:stop].clone(), _errors_for(out, start, stop)))
+                                               out.valid[start:stop].clone(), _errors_for(out, start, stop),
+                                               {term: values[start:stop].clone() for term, values in out.terms.items()}))
             start = stop
 
 
@@ -180,7 +188,7 @@ class RewardServer:
                  max_wait_s: float = 0.01, request_timeout_s: float = 300.0, faults: FaultPlan | None = None,
                  limits: ServerLimits | None = None, image_size: tuple[int, int] | None = None) -> None:
         try:
-            self._socket = socket.create_server((host, port), backlog=1024)
+            self._socket = socket.create_server((host, port), backlog=LISTEN_BACKLOG)
         except OSError as error:
             raise RewardServerError(f"cannot listen on {host}:{port} ({error.strerror or error}): pick another "
                                     "--port (0 takes any free one) or stop what holds it") from None
@@ -257,7 +265,9 @@ class RewardServer:
 
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
-        server = await asyncio.start_server(self._connection, sock=self._socket, limit=self.limits.max_header_bytes)
+        # asyncio listen()s the socket again with its own backlog (default 100), so it is passed here too.
+        server = await asyncio.start_server(self._connection, sock=self._socket, backlog=LISTEN_BACKLOG,
+                                            limit=self.limits.max_header_bytes)
         self._serving.set()
         try:
             await self._stop.wait()
@@ -351,7 +361,7 @@ class RewardServer:
     async def _score(self, raw: bytes) -> tuple[int, dict[str, Any]]:
         loop = asyncio.get_running_loop()
         try:
-            images, prompts = await loop.run_in_executor(self._decoder, _decode, raw)
+            images, prompts, metadata = await loop.run_in_executor(self._decoder, _decode, raw)
         except WireError as error:
             raise HTTPProblem(400, str(error)) from None
         fault = self.draw_fault()
@@ -367,7 +377,7 @@ class RewardServer:
                                torch.zeros(batch, dtype=torch.bool), errors)
             return 200, {"reward": self.reward.name, **encode_output(out)}
         try:
-            future = asyncio.wrap_future(self.batcher.submit(images, prompts))
+            future = asyncio.wrap_future(self.batcher.submit(images, prompts, metadata))
             out = await asyncio.wait_for(future, self.request_timeout_s)
         except Exception as error:  # the batch could not be scored at all: the client marks the samples
             return 500, {"error": f"{type(error).__name__}: {error}"}
@@ -387,7 +397,7 @@ class RewardServer:
         return None
 
 
-def _decode(raw: bytes) -> tuple[torch.Tensor, list[str]]:
+def _decode(raw: bytes) -> tuple[torch.Tensor, list[str], list[dict[str, Any]] | None]:
     """A request body's images and prompts; WireError for anything malformed (JSON, nesting, numbers)."""
     try:
         body = json.loads(raw, parse_constant=_reject_constant)
@@ -397,4 +407,5 @@ def _decode(raw: bytes) -> tuple[torch.Tensor, list[str]]:
         raise WireError(f"the request body is not JSON ({' '.join(str(error).split())[:120]})") from None
     if not isinstance(body, dict):
         raise WireError("the request body must be a JSON object {'shape', 'pixels', 'prompts'}")
-    return decode_request(body)
+    images, prompts = decode_request(body)
+    return images, prompts, decode_metadata(body, len(prompts))

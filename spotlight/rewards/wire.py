@@ -1,14 +1,16 @@
 """The reward service's wire format: one JSON body each way, images as base64 uint8.
 
 Images travel as uint8 (what any saved image is, and what the OCR model reads anyway): 4x smaller
-than float32 and exact to 1/255 against the trainer's own scoring.
+than float32 and exact to 1/255 against the trainer's own scoring. A request may carry the prompts'
+metadata (one JSON object per prompt, for rewards such as GenEval); a response carries a composite
+reward's terms.
 """
 
 from __future__ import annotations
 
 import base64
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,11 +23,25 @@ class WireError(ValueError):
     """A request or response body that does not follow the wire format."""
 
 
-def encode_request(images: torch.Tensor, prompts: Sequence[str]) -> dict[str, Any]:
-    """Images (B, 3, H, W) in [0, 1] and their prompts as a JSON-ready request body."""
+def encode_request(images: torch.Tensor, prompts: Sequence[str],
+                   metadata: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """Images (B, 3, H, W) in [0, 1], their prompts and (optionally) metadata as a JSON-ready request body."""
     pixels = (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy()
-    return {"shape": list(pixels.shape), "pixels": base64.b64encode(pixels.tobytes()).decode("ascii"),
+    body = {"shape": list(pixels.shape), "pixels": base64.b64encode(pixels.tobytes()).decode("ascii"),
             "prompts": list(prompts)}
+    if metadata is not None:
+        body["metadata"] = [dict(record) for record in metadata]
+    return body
+
+
+def decode_metadata(body: dict[str, Any], batch: int) -> list[dict[str, Any]] | None:
+    """The request's metadata (one object per prompt), None when it has none; WireError when malformed."""
+    metadata = body.get("metadata")
+    if metadata is None:
+        return None
+    if not isinstance(metadata, list) or len(metadata) != batch or not all(isinstance(m, dict) for m in metadata):
+        raise WireError(f"reward request metadata must be a list of {batch} JSON objects, one per prompt")
+    return metadata
 
 
 def decode_request(body: dict[str, Any]) -> tuple[torch.Tensor, list[str]]:
@@ -51,8 +67,11 @@ def decode_request(body: dict[str, Any]) -> tuple[torch.Tensor, list[str]]:
 
 def encode_output(out: RewardOutput) -> dict[str, Any]:
     """A RewardOutput as a JSON-ready response body."""
-    return {"rewards": out.rewards.tolist(), "strict": out.strict.tolist(), "valid": out.valid.tolist(),
+    body = {"rewards": out.rewards.tolist(), "strict": out.strict.tolist(), "valid": out.valid.tolist(),
             "errors": list(out.errors)}
+    if out.terms:
+        body["terms"] = {term: values.tolist() for term, values in out.terms.items()}
+    return body
 
 
 def decode_output(body: dict[str, Any], batch: int) -> RewardOutput:
@@ -61,7 +80,9 @@ def decode_output(body: dict[str, Any], batch: int) -> RewardOutput:
         out = RewardOutput(torch.tensor(body["rewards"], dtype=torch.float32),
                            torch.tensor(body["strict"], dtype=torch.bool),
                            torch.tensor(body["valid"], dtype=torch.bool),
-                           [str(error) for error in body.get("errors", [])])
+                           [str(error) for error in body.get("errors", [])],
+                           {str(term): torch.tensor(values, dtype=torch.float32)
+                            for term, values in body.get("terms", {}).items()})
     except (KeyError, TypeError, ValueError) as error:
         raise WireError(f"malformed reward response ({type(error).__name__}: {error})") from None
     if out.rewards.shape != (batch,):

@@ -1,0 +1,92 @@
+"""From the `reward:` section to a `Reward`: the one function the loop and `serve-reward` call.
+
+Built-in rewards are imported only when named, so a run of the shapes task never imports
+onnxruntime or a CLIP model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from spotlight.rewards.base import Reward, RewardError
+from spotlight.rewards.section import BUILTIN_REWARDS, RewardSection
+
+TaskReward = Callable[[float], Reward]  # a task's `make_reward(strict_weight)`
+
+
+def build_reward(section: RewardSection, task_default: TaskReward | None = None) -> Reward:
+    """The reward `section` names: `reward.weights` -> a composite; `reward.name` null -> the task's own.
+
+    Model folders are checked here, so a missing or wrong folder fails at start-up in one line, not
+    at the first rollout; an `http` reward's server must answer /health now, for the same reason.
+    """
+    if section.weights is not None:
+        from spotlight.rewards.composite import CompositeReward
+
+        return CompositeReward({term: (build_named(term, section, task_default), weight)
+                                for term, weight in section.weights.items()})
+    if section.name is None:
+        if task_default is None:
+            raise RewardError("reward.name is null and there is no task to take the reward from; set reward.name "
+                              f"to one of {sorted(BUILTIN_REWARDS)}, 'http' or 'pkg.module:function'")
+        return task_default(section.strict_weight)
+    return build_named(section.name, section, task_default)
+
+
+def build_named(name: str, section: RewardSection, task_default: TaskReward | None = None) -> Reward:
+    """One reward by its name (a built-in, `http` or `pkg.module:function`), configured from `section`."""
+    del task_default  # the built-ins below cover the tasks' rewards by name
+    if name == "http":
+        from spotlight.rewards.remote import connect_http_reward
+
+        assert section.url is not None  # RewardSection refuses http without a url
+        return connect_http_reward(section.url, section.deadline_s, section.retries)
+    if ":" in name:
+        from spotlight.rewards.function import FunctionReward
+
+        return FunctionReward(name)
+    return _BUILDERS[name](section)
+
+
+def _shapes(section: RewardSection) -> Reward:
+    from spotlight.rewards.geneval import GenEvalReward
+
+    return GenEvalReward(section.strict_weight)
+
+
+def _ocr_line(section: RewardSection) -> Reward:
+    from spotlight.rewards.ocr import OCRReward
+
+    return OCRReward()
+
+
+def _ocr_scene(section: RewardSection) -> Reward:
+    from spotlight.rewards.ocr_scene import SceneOCRReward
+
+    return SceneOCRReward(device=section.device)
+
+
+def _geneval(section: RewardSection) -> Reward:
+    from spotlight.rewards.geneval_detector import load_geneval_reward
+
+    return load_geneval_reward(section.models, section.device, section.batch_size)
+
+
+def _pickscore(section: RewardSection) -> Reward:
+    from spotlight.rewards.preference import PickScoreReward
+
+    return PickScoreReward.from_folder(section.models.pickscore, section.models.pickscore_processor,
+                                       section.device, section.batch_size)
+
+
+def _clipscore(section: RewardSection) -> Reward:
+    from spotlight.rewards.preference import CLIPScoreReward
+
+    return CLIPScoreReward.from_folder(section.models.clip, section.device, section.batch_size)
+
+
+_BUILDERS: dict[str, Callable[[RewardSection], Reward]] = {
+    "shapes": _shapes, "ocr-line": _ocr_line, "ocr": _ocr_scene, "geneval": _geneval,
+    "pickscore": _pickscore, "clipscore": _clipscore,
+}
+assert set(_BUILDERS) == set(BUILTIN_REWARDS), "every documented built-in reward has a builder"
