@@ -12,6 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from spotlight.data.section import DataSection
 from spotlight.disagg.section import DisaggSection
 from spotlight.explore.planner import PlannerSection
 from spotlight.models.policy_section import PolicySection
@@ -144,6 +145,7 @@ class TrainConfig(Section):
     eval: EvalSection = EvalSection()
     runtime: RuntimeSection = RuntimeSection()
     model: PolicySection = PolicySection()  # tinydit (base_checkpoint) or a tiny diffusers family with LoRA
+    data: DataSection = DataSection()  # the prompts: a dataset folder or shipped set; null: the task's
     disagg: DisaggSection = DisaggSection()  # mode disaggregated's switches (spotlight/disagg/section.py)
 
     def device_core(self, device: int) -> int | None:

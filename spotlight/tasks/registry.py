@@ -1,9 +1,12 @@
-"""The tasks a run can choose (`task: shapes | ocr` in the configs), each as one record of its parts.
+"""The toy tasks (`task: shapes | ocr` in the configs): presets of a prompt dataset, a reward and a policy.
 
-A task is what changes between the compositional and the text-rendering experiments: the prompts and
-their split, the tokenizer (and so the model's vocabulary), the renderer of pre-training data with
-its image geometry, and the reward. The loop, the sampler and GRPO are the same for both; they reach
-the task only through a `Task`.
+A run names three separate parts: a prompt dataset (``data.dataset``), a reward (``reward.name``) and a
+policy (``model`` / ``base_checkpoint``). A task is the preset of all three for one of the toy
+experiments, the one a run falls back to for any part it does not name: its prompts and fixed split
+(`Task.dataset`), its reward (`Task.make_reward`) and its base model (`Task.base_model`, made by
+``spotlight pretrain``). It also keeps what only the toy TinyDiT needs: its word tokenizer (and so the
+model's vocabulary) and the renderer of pre-training data with its image geometry. The loop, the
+sampler and the updates are the same for a preset and for a real pipeline with a user's dataset.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from spotlight.data.prompt_dataset import PromptDataset
 from spotlight.rewards.base import Reward
 from spotlight.tasks import TaskName, render, shapes, text, text_render
 
@@ -25,6 +29,7 @@ class Task:
     render_batch(prompts, seed, height, width, lattice): images (B, 3, H, W) in [-1, 1].
     pretrain_prompts(generator, count): prompts to pre-train the base model on.
     make_reward(strict_weight): the training / validation reward (strict_weight only for shapes).
+    base_model: the shipped base model (``spotlight/assets``) a TinyDiT run of this task starts from.
     """
 
     name: str
@@ -36,6 +41,13 @@ class Task:
     pretrain_prompts: Callable[[torch.Generator, int], list[str]]
     render_batch: Callable[[Sequence[str], int, int, int, int | None], torch.Tensor]
     make_reward: Callable[[float], Reward]
+    base_model: str
+
+    def dataset(self) -> PromptDataset:
+        """The task's prompts as a dataset: train / validation split, each prompt's kind (no metadata)."""
+        train, test = self.split()
+        return PromptDataset(name=f"task {self.name}", train=list(train), test=list(test),
+                             kinds={prompt: self.kind_of(prompt) for prompt in {*train, *test}})
 
 
 def _shapes_reward(strict_weight: float) -> Reward:
@@ -57,7 +69,7 @@ TASKS: dict[TaskName, Task] = {
         tokenize=shapes.tokenize, kind_of=lambda prompt: shapes.parse_prompt(prompt).kind,
         pretrain_prompts=shapes.sample_prompts,
         render_batch=lambda prompts, seed, height, width, lattice: render.render_batch(prompts, seed, height, lattice),
-        make_reward=_shapes_reward,
+        make_reward=_shapes_reward, base_model="shapes-base",
     ),
     "ocr": Task(
         name="ocr", vocab_size=len(text.VOCAB), image_size=(text_render.HEIGHT, text_render.WIDTH),
@@ -65,7 +77,7 @@ TASKS: dict[TaskName, Task] = {
         pretrain_prompts=text.random_prompts,
         render_batch=lambda prompts, seed, height, width, lattice: text_render.render_batch(prompts, seed, height,
                                                                                             width),
-        make_reward=_ocr_reward,
+        make_reward=_ocr_reward, base_model="ocr-base",
     ),
 }
 
