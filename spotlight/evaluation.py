@@ -1,8 +1,15 @@
-"""Validation: strict GenEval accuracy of deterministic (ODE) samples at fixed seeds."""
+"""Validation: the reward of deterministic (ODE) samples of the test prompts at fixed seeds.
+
+It reports the reward's mean and its strict accuracy (the share of samples the reward calls exactly
+right, GenEval's measure), overall and per prompt kind where the dataset names kinds (GenEval's
+``tag``, a toy task's grammar). A reward without a notion of "exactly right" (``has_strict = False``,
+e.g. a preference model or a user's function) is judged by its mean: `EvalResult.score` is what a
+run keeps its best checkpoint by.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -11,20 +18,31 @@ from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.generation import generate, to_images
 from spotlight.models.policy import Policy
 from spotlight.rewards.base import Reward, guarded_score
-from spotlight.tasks.registry import task_of
+from spotlight.tasks.registry import get_task
+
+KindOf = Callable[[str], str | None]  # a prompt's kind (GenEval's tag), None when it has none
 
 VALIDATION_SEED_BASE = 1_000_003  # far from training seeds, which count up from the run seed
 
 
 @dataclass
 class EvalResult:
-    """Validation numbers and the images they came from (B, 3, H, W) in [0, 1], prompt-major."""
+    """Validation numbers and the images they came from (B, 3, H, W) in [0, 1], prompt-major.
+
+    ``by_kind``: strict accuracy per kind, or the reward's mean per kind when the reward has no strict flag.
+    """
 
     strict_accuracy: float
     mean_reward: float
     accuracy_by_kind: dict[str, float]
     images: torch.Tensor
     prompts: list[str]
+    has_strict: bool = True
+
+    @property
+    def score(self) -> float:
+        """What a run selects its best checkpoint by: strict accuracy, or the mean reward without a strict flag."""
+        return self.strict_accuracy if self.has_strict else self.mean_reward
 
     @property
     def num_samples(self) -> int:
@@ -43,7 +61,8 @@ class EvalResult:
     def metrics(self, prefix: str = "val") -> dict[str, float]:
         out = {f"{prefix}/strict_accuracy": self.strict_accuracy, f"{prefix}/reward": self.mean_reward,
                f"{prefix}/strict_accuracy_se": self.strict_accuracy_se}
-        out.update({f"{prefix}/accuracy_{kind}": value for kind, value in self.accuracy_by_kind.items()})
+        per_kind = "accuracy" if self.has_strict else "reward"
+        out.update({f"{prefix}/{per_kind}_{kind}": value for kind, value in self.accuracy_by_kind.items()})
         return out
 
 
@@ -52,11 +71,21 @@ def validation_seeds(num_prompts: int, seeds_per_prompt: int) -> list[int]:
     return [VALIDATION_SEED_BASE + i for i in range(num_prompts * seeds_per_prompt)]
 
 
+def model_kind_of(model: Policy) -> KindOf | None:
+    """The prompt kinds of the toy task a model was built for (its ``config.task``); None for a model of no task."""
+    task = getattr(getattr(model, "config", None), "task", "shapes")
+    return None if task is None else get_task(task).kind_of
+
+
 def evaluate(
     model: Policy, prompts: Sequence[str], reward: Reward, seeds_per_prompt: int = 4, num_steps: int = 10,
-    shift: float = 1.0,
+    shift: float = 1.0, kind_of: KindOf | None = None,
 ) -> EvalResult:
-    """Score ODE samples of every prompt at fixed seeds; returns strict accuracy overall and per kind."""
+    """Score ODE samples of every prompt at fixed seeds: the reward's mean and strict accuracy, overall and per kind.
+
+    ``kind_of`` names each prompt's kind (a dataset's `PromptDataset.kind_of`); None: the kinds of the
+    model's toy task, if it has one. Prompts of no kind are left out of the per-kind numbers.
+    """
     expanded = [prompt for prompt in prompts for _ in range(seeds_per_prompt)]
     seeds = validation_seeds(len(prompts), seeds_per_prompt)
     plan = SamplingPlan(num_steps=num_steps, shift=shift, sampler="ode")
@@ -67,15 +96,21 @@ def evaluate(
     images = to_images(trajectory.final)
     scored = guarded_score(reward, images, expanded)
     strict = scored.strict.float()
-    kinds = [task_of(model).kind_of(prompt) for prompt in expanded]
+    has_strict = bool(getattr(reward, "has_strict", True))
+    kind_of = kind_of if kind_of is not None else model_kind_of(model)
+    kinds = [kind_of(prompt) for prompt in expanded] if kind_of is not None else [None] * len(expanded)
     by_kind: dict[str, float] = {}
-    for kind in sorted(set(kinds)):
+    for kind in sorted({kind for kind in kinds if kind is not None}):
         mask = torch.tensor([k == kind for k in kinds])
-        by_kind[kind] = float(strict[mask].mean())
+        if has_strict:
+            by_kind[kind] = float(strict[mask].mean())
+        elif (scored.valid & mask).any():
+            by_kind[kind] = float(scored.rewards[scored.valid & mask].mean())
     return EvalResult(
         strict_accuracy=float(strict.mean()),
         mean_reward=float(scored.rewards[scored.valid].mean()) if scored.valid.any() else float("nan"),
         accuracy_by_kind=by_kind,
         images=images,
         prompts=expanded,
+        has_strict=has_strict,
     )

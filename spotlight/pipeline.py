@@ -44,6 +44,8 @@ from spotlight.backends import TrainerView, check_backend, open_backend
 from spotlight.backends.disaggregated_stream import GroupStream
 from spotlight.base_policy import build_policy
 from spotlight.config import TrainConfig, TrainSection, dump_config
+from spotlight.data import open_dataset
+from spotlight.data.metadata_reward import bind_metadata
 from spotlight.disagg.loop_update import GroupedUpdate
 from spotlight.disagg.versions import VersionGate
 from spotlight.evaluation import evaluate
@@ -127,7 +129,10 @@ class Trainer:
     def _setup(self, config: TrainConfig, reward: Reward | None, resume: bool) -> None:
         task = get_task(config.task)
         self.reward = reward if reward is not None else build_reward(config.reward, task.make_reward)
-        self.train_prompts, self.val_prompts = task.split()
+        # the prompts: data.dataset, or the task's preset; a metadata reward reads each prompt's record from it
+        self.dataset = open_dataset(config.data.dataset) if config.data.dataset is not None else task.dataset()
+        self.reward = bind_metadata(self.reward, self.dataset)
+        self.train_prompts, self.val_prompts = self.dataset.train, self.dataset.test
         self.model = build_policy(config)
         if task_of(self.model) is not task:
             raise RunError(f"base_checkpoint {config.base_checkpoint} is a {task_of(self.model).name!r} model, "
@@ -190,7 +195,7 @@ class Trainer:
         """
         section = self.config.eval
         result = evaluate(self.eval_model, self.val_prompts, self.reward, section.seeds_per_prompt,
-                          section.num_steps, self.config.rollout.shift)
+                          section.num_steps, self.config.rollout.shift, self.dataset.kind_of)
         columns = min(section.seeds_per_prompt, GRID_SEEDS)
         shown = [p * section.seeds_per_prompt + s for p in range(section.grid_prompts) for s in range(columns)]
         shown = [index for index in shown if index < len(result.prompts)]
@@ -199,10 +204,10 @@ class Trainer:
         metrics = result.metrics()
         if section.raw_model and self.ema is not None:
             raw = evaluate(self.model, self.val_prompts, self.reward, section.seeds_per_prompt, section.num_steps,
-                           self.config.rollout.shift)
+                           self.config.rollout.shift, self.dataset.kind_of)
             metrics.update(raw.metrics(prefix="val_raw"))
-        if metrics["val/strict_accuracy"] > self.best_accuracy:
-            self.best_accuracy = metrics["val/strict_accuracy"]
+        if result.score > self.best_accuracy:  # strict accuracy, or the mean of a reward without one
+            self.best_accuracy = result.score
             replace_model(self.run_dir / "checkpoints" / "best", self.eval_model,
                           {"iteration": iteration, "val/strict_accuracy": self.best_accuracy})
         return metrics
