@@ -276,6 +276,16 @@ class DiffusersPolicy(nn.Module):
                 )
         self.load_lora_state_dict(state)
 
+    def save_for_diffusers(self, directory: str | Path) -> Path:
+        """Write ``directory/pytorch_lora_weights.safetensors`` in diffusers' format; returns its path.
+
+        ``DiffusionPipeline.from_pretrained(base).load_lora_weights(directory)`` then gives this policy
+        (``spotlight.models.diffusers_export``); every checkpoint of a diffusers policy holds it.
+        """
+        from spotlight.models.diffusers_export import save_diffusers_lora
+
+        return save_diffusers_lora(self.transformer, self.family, ADAPTER_NAME, directory)
+
     # --- the policy interface: what the loop, checkpoints and the runtime use ----------------------
 
     def broadcast_state(self) -> dict[str, torch.Tensor]:

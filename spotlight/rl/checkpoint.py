@@ -3,7 +3,10 @@
 The weights of a policy are its ``broadcast_state()`` and its ``describe()`` JSON (``model.json``):
 every weight of a TinyDiT, but only the LoRA matrices of a diffusers policy, whose ``model.json``
 names its base (a pretrained folder, or the tiny config and ``init_seed`` it is drawn from), so a
-LoRA run's checkpoints stay a few hundred kilobytes however large the base.
+LoRA run's checkpoints stay a few hundred kilobytes however large the base. A policy that has a
+format of its own for other tools (``save_for_diffusers``: a diffusers policy's
+``pytorch_lora_weights.safetensors``, which ``pipe.load_lora_weights(folder)`` reads) writes it into
+every model directory too, training checkpoints and ``checkpoints/best`` alike, listed in the manifest.
 
 A checkpoint is a directory. It is written under a temporary name, every file fsynced and listed with
 its checksum (`spotlight.rl.manifest`), and renamed into place; the ``latest`` pointer is replaced
@@ -50,7 +53,7 @@ def save_model(
     directory: Path, model: Policy, metadata: dict[str, Any] | None = None, dtype: torch.dtype | None = None
 ) -> None:
     """Write a self-describing model directory: the policy's broadcast state (safetensors) and its
-    description + metadata (JSON).
+    description + metadata (JSON), and the policy's file for other tools where it has one (module docstring).
 
     ``dtype`` stores the weights in another precision (float16 halves a shipped base model); loading
     casts them back to the model's float32 parameters.
@@ -60,6 +63,9 @@ def save_model(
     save_file(_tensors_for_saving(model.broadcast_state(), dtype), str(directory / MODEL_FILE))
     description = {**model.describe(), "metadata": metadata or {}}
     (directory / MODEL_CONFIG_FILE).write_text(json.dumps(description, indent=2))
+    save_for_other_tools = getattr(model, "save_for_diffusers", None)  # TinyDiT has no other format
+    if save_for_other_tools is not None:
+        save_for_other_tools(directory)
 
 
 def replace_model(directory: Path, model: Policy, metadata: dict[str, Any] | None = None) -> None:
