@@ -69,7 +69,7 @@ def _ocr_scene(section: RewardSection) -> Reward:
 def _geneval(section: RewardSection) -> Reward:
     from spotlight.rewards.geneval_detector import load_geneval_reward
 
-    return load_geneval_reward(section.models, section.device, section.batch_size)
+    return load_geneval_reward(section.models, section.device, section.batch_size, section.strict_weight)
 
 
 def _pickscore(section: RewardSection) -> Reward:
