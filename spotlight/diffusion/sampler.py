@@ -28,6 +28,8 @@ class SamplingPlan:
     ``sde_steps`` (SDE sampler only) limits the noise to the first ``sde_steps`` steps and takes the
     rest as ODE steps (as Flow-GRPO-Fast and MixGRPO do): the late steps' noise lands almost directly
     in the pixels, where it changes the reward without being anything the policy decided.
+    ``grid_end`` and ``shift_terminal`` (with ``shift``) reproduce a diffusers pipeline's sigma schedule
+    (`spotlight.diffusion.schedule.sigma_schedule`); a plan derived from another keeps them.
     ``prefix_of`` = K makes this plan the first ``num_steps - 1`` steps of the K-step plan (the same
     sigmas, the same seeded noise) followed by one ODE step straight to the data: a cheap look at
     where the K-step sample of a seed is heading. Exploration needs this: a sample's SDE noise decides
@@ -41,6 +43,9 @@ class SamplingPlan:
     noise_level: float = 0.7
     sde_steps: int | None = None
     prefix_of: int | None = None
+    # a diffusers pipeline's schedule (`sigma_schedule`): None keeps Spotlight's own grid and no stretch
+    grid_end: float | None = None
+    shift_terminal: float | None = None
 
     def __post_init__(self) -> None:
         if self.prefix_of is not None and not 1 <= self.num_steps <= self.prefix_of:
@@ -63,8 +68,8 @@ class SamplingPlan:
     def sigmas(self) -> torch.Tensor:
         """The (num_steps + 1,) float64 sigma schedule of this plan."""
         if not self.jumps_to_data:
-            return sigma_schedule(self.num_steps, self.shift)
-        prefix = sigma_schedule(self.prefix_of, self.shift)[: self.num_steps]
+            return sigma_schedule(self.num_steps, self.shift, self.grid_end, self.shift_terminal)
+        prefix = sigma_schedule(self.prefix_of, self.shift, self.grid_end, self.shift_terminal)[: self.num_steps]
         return torch.cat([prefix, torch.zeros(1, dtype=torch.float64)])
 
 
@@ -95,6 +100,7 @@ def sample(
     start_step: int = 0,
     stop_step: int | None = None,
     record: bool = True,
+    device: torch.device | str | None = None,
 ) -> Trajectory:
     """Denoise ``len(seeds)`` samples from schedule index ``start_step`` to ``stop_step``.
 
@@ -102,7 +108,9 @@ def sample(
     otherwise from the given committed latents at ``start_step``. Step k's SDE noise is drawn from
     stream (seed, k), so sampling steps [0, j) then resuming [j, K) gives a bit-identical result to
     sampling [0, K) at once. With ``record=False`` only the first and last latents are kept (cheap
-    exploration). Runs under ``torch.no_grad``.
+    exploration). With ``device`` the initial noise, drawn on the CPU exactly as without it, is moved
+    there (so a GPU run starts from the same bits); every later tensor lives on the latents' device.
+    Runs under ``torch.no_grad``.
     """
     sigmas = plan.sigmas()
     num_steps = plan.num_steps
@@ -113,6 +121,8 @@ def sample(
         if start_step != 0:
             raise ValueError("start_latents are required to resume at a step other than 0")
         x = initial_latents(seeds, latent_shape)
+        if device is not None:
+            x = x.to(device)
     else:
         x = start_latents
     stochastic_steps = plan.stochastic_steps

@@ -74,7 +74,8 @@ ARCHITECTURE = "DiffusersPolicy"  # what model.json names, for spotlight.models.
 class DiffusersPolicy(nn.Module):
     """A diffusers transformer with a LoRA adapter: ``forward(x, sigma, cond) -> velocity`` like TinyDiT.
 
-    Only the LoRA weights are trainable, in float32 over a base of ``config.dtype``. ``reference()``
+    Only the LoRA weights are trainable, in float32 over a base of ``config.dtype`` (``finetune: full``:
+    every transformer weight, kept in float32). ``reference()``
     is the frozen base model (the adapter disabled), for the KL term of the GRPO update. ``cond`` is
     ``PromptEmbeddings`` or, with a ``text_encoder``, token ids (B, L) that it encodes.
     """
@@ -82,8 +83,6 @@ class DiffusersPolicy(nn.Module):
     def __init__(self, transformer: ModelMixin, config: DiffusersPolicyConfig,
                  text_encoder: TokenTextEncoder | None = None) -> None:
         super().__init__()
-        from peft import LoraConfig
-
         self.config = config
         self.family: Family = config.family
         self.transformer = transformer
@@ -91,6 +90,17 @@ class DiffusersPolicy(nn.Module):
         self._default_processors = dict(transformer.attn_processors)
         self._attention_fn: AttentionFn | None = None
         transformer.requires_grad_(False)
+        if config.finetune == "lora":
+            self._add_lora(transformer, config)
+        else:  # full fine-tuning: every transformer weight, in float32 (from_config loads it so)
+            transformer.requires_grad_(True)
+        if config.gradient_checkpointing:
+            transformer.enable_gradient_checkpointing()
+        self.channels = latent_channels(self.family, transformer)
+
+    def _add_lora(self, transformer: ModelMixin, config: DiffusersPolicyConfig) -> None:
+        from peft import LoraConfig
+
         lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha,
                           target_modules=list(config.target_modules), init_lora_weights=True)
         try:
@@ -104,7 +114,19 @@ class DiffusersPolicy(nn.Module):
         # weights. peft casts each LoRA input to the LoRA dtype and the sum back to the base dtype.
         for parameter in self.trainable_parameters():
             parameter.data = parameter.data.float()
-        self.channels = latent_channels(self.family, transformer)
+
+    @property
+    def weights_dtype(self) -> torch.dtype:
+        """The dtype the transformer's weights are kept in: ``config.dtype``, float32 when fully fine-tuned."""
+        return torch.float32 if self.config.finetune == "full" else self.config.torch_dtype
+
+    def autocast(self, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+        """torch.autocast to ``config.dtype`` when asked for, or when full fine-tuning keeps float32 weights."""
+        compute = self.config.torch_dtype
+        wanted = self.config.autocast or (self.config.finetune == "full" and compute != torch.float32)
+        if not wanted:
+            return contextlib.nullcontext()
+        return torch.autocast(device.type, dtype=compute)
 
     @classmethod
     def from_config(cls, config: DiffusersPolicyConfig) -> DiffusersPolicy:
@@ -122,12 +144,13 @@ class DiffusersPolicy(nn.Module):
 
     @classmethod
     def _build(cls, config: DiffusersPolicyConfig) -> DiffusersPolicy:
+        dtype = torch.float32 if config.finetune == "full" else config.torch_dtype
         if config.tiny:
             transformer = build_tiny_transformer(config.family, config.tiny_overrides)
-            if config.torch_dtype != torch.float32:
-                transformer = transformer.to(config.torch_dtype)
+            if dtype != torch.float32:
+                transformer = transformer.to(dtype)
         else:
-            transformer = load_transformer(config.family, config.pretrained or "", config.torch_dtype)
+            transformer = load_transformer(config.family, config.pretrained or "", dtype)
         text_encoder = None
         if config.vocab_size is not None:
             family_config = transformer.config
@@ -161,7 +184,8 @@ class DiffusersPolicy(nn.Module):
                 raise ValueError("this policy has no text encoder: pass PromptEmbeddings, or build it with "
                                  "task and vocab_size set to take token ids")
             cond = self.text_encoder(cond)
-        return transformer_velocity(self.transformer, self.family, x, sigma, cond, self.config.guidance_scale)
+        with self.autocast(x.device):
+            return transformer_velocity(self.transformer, self.family, x, sigma, cond, self.config.guidance_scale)
 
     # --- the reference policy -------------------------------------------------------------------
 
@@ -172,6 +196,9 @@ class DiffusersPolicy(nn.Module):
         (peft's enable/disable also toggles requires_grad, which would otherwise make a frozen adapter
         trainable again.)
         """
+        if self.config.finetune != "lora":
+            raise ValueError("a fully fine-tuned policy has no adapter to disable: build the base again "
+                             "(base_policy.build_policy) for a reference")
         flags = {name: parameter.requires_grad for name, parameter in self.named_parameters() if "lora_" in name}
         self.transformer.disable_adapters()
         try:
@@ -289,12 +316,24 @@ class DiffusersPolicy(nn.Module):
     # --- the policy interface: what the loop, checkpoints and the runtime use ----------------------
 
     def broadcast_state(self) -> dict[str, torch.Tensor]:
-        """The LoRA tensors: what changes under training, so all that a checkpoint or a spot device needs."""
-        return self.lora_state_dict()
+        """What changes under training, so all that a checkpoint or a spot device needs: the LoRA tensors,
+        or (full fine-tuning) every transformer weight, as detached CPU copies."""
+        if self.config.finetune == "lora":
+            return self.lora_state_dict()
+        return {name: tensor.detach().cpu().clone() for name, tensor in self.transformer.state_dict().items()}
 
     def load_broadcast_state(self, state: Mapping[str, torch.Tensor]) -> None:
-        """Take LoRA tensors from :meth:`broadcast_state` of a policy built from the same config."""
-        self.load_lora_state_dict({name: torch.as_tensor(tensor) for name, tensor in state.items()})
+        """Take the tensors of :meth:`broadcast_state` of a policy built from the same config."""
+        tensors = {name: torch.as_tensor(tensor) for name, tensor in state.items()}
+        if self.config.finetune == "lora":
+            self.load_lora_state_dict(tensors)
+            return
+        result = self.transformer.load_state_dict(tensors, strict=False)
+        if result.missing_keys or result.unexpected_keys:
+            first = (result.missing_keys or result.unexpected_keys)[0]
+            raise ValueError(f"transformer weights do not fit this policy ({len(result.missing_keys)} missing, "
+                             f"{len(result.unexpected_keys)} unexpected, e.g. {first}): load weights of the same "
+                             f"pipeline folder")
 
     def describe(self) -> dict[str, Any]:
         """JSON that rebuilds the base: the config, whose ``pretrained`` folder or ``init_seed`` names it.

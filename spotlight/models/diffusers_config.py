@@ -16,6 +16,7 @@ from spotlight.schema import Section
 
 Family = Literal["sd3", "flux", "qwen-image"]
 DTypeName = Literal["float32", "bfloat16", "float16"]
+Finetune = Literal["lora", "full"]
 
 TRANSFORMER_CLASSES: dict[str, str] = {
     "sd3": "SD3Transformer2DModel",
@@ -75,6 +76,27 @@ class DiffusersPolicyConfig(Section):
     task: str | None = None
     vocab_size: int | None = Field(None, ge=2)
     max_text_len: int = Field(12, ge=1)
+    # what is trained: LoRA on the attention projections (the base frozen), or every transformer weight
+    # (kept in float32, the forward in ``dtype`` under autocast when that is lower)
+    finetune: Finetune = "lora"
+    gradient_checkpointing: bool = False  # the transformer's enable_gradient_checkpointing(): memory for compute
+    autocast: bool = False  # run the forward under torch.autocast(dtype) (LoRA: the float32 adapters too)
+    # --- a whole pipeline folder (``pipeline: true``, ``pretrained`` its folder): its text encoders
+    # condition (prompt ids, spotlight.models.pipeline_prompts), its VAE decodes, its scheduler sets the
+    # schedule; ``resolution`` (pixels, height x width) sets the latents
+    pipeline: bool = False
+    resolution: tuple[int, int] | None = None
+    negative_prompt: str = ""  # the unconditional branch of classifier-free guidance
+    max_sequence_length: int | None = Field(None, ge=1)  # None: the family pipeline's default
+
+    @model_validator(mode="after")
+    def _pipeline_fields(self) -> DiffusersPolicyConfig:
+        if self.pipeline and self.pretrained is None:
+            raise ValueError("pipeline: true reads a pipeline folder: set pretrained to it")
+        if not self.pipeline and self.resolution is not None:
+            raise ValueError("resolution applies to a pipeline folder (pipeline: true); a transformer alone takes "
+                             "latent_size")
+        return self
 
     @model_validator(mode="after")
     def _one_source(self) -> DiffusersPolicyConfig:
@@ -89,10 +111,13 @@ class DiffusersPolicyConfig(Section):
             raise ValueError(f"latent_size must be even: latents are packed in 2x2 patches (got {self.latent_size})")
         if self.lora_target_modules is not None and not self.lora_target_modules:
             raise ValueError("lora_target_modules is empty: list module names, or leave it out for the defaults")
-        if not self.tiny and (self.init_seed is not None or self.task is not None):
-            raise ValueError("init_seed and task (a random text encoder) apply to tiny: true only: a pretrained "
+        if not self.tiny and (self.init_seed is not None or self.vocab_size is not None):
+            raise ValueError("init_seed and vocab_size (a random text encoder) apply to tiny: true only: a pretrained "
                              "transformer brings its weights and takes its own text encoder's embeddings")
-        if (self.task is None) != (self.vocab_size is None):
+        if self.task is not None and not (self.tiny or self.pipeline):
+            raise ValueError("task names the token vocabulary of a tiny model, or the prompt set of a pipeline "
+                             "(pipeline: true): remove it for a pretrained transformer alone")
+        if self.tiny and (self.task is None) != (self.vocab_size is None):
             raise ValueError("set task and vocab_size together: the text encoder embeds that task's token ids")
         return self
 

@@ -14,6 +14,7 @@ from typing import Any
 from spotlight.models.diffusers_adapter import ARCHITECTURE as DIFFUSERS_ARCHITECTURE
 from spotlight.models.diffusers_adapter import DiffusersPolicy
 from spotlight.models.diffusers_config import DiffusersPolicyConfig
+from spotlight.models.pipeline_policy import PipelinePolicy
 from spotlight.models.policy import Policy
 from spotlight.models.tinydit import ARCHITECTURE as TINYDIT_ARCHITECTURE
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
@@ -25,10 +26,11 @@ def policy_from_config(config: ModelConfig | Mapping[str, Any]) -> Policy:
     """A fresh policy of ``config`` (a policy's ``.config``; a plain mapping is a TinyDiT config).
 
     A TinyDiT comes with its own random initialisation, to be overwritten by ``load_broadcast_state``;
-    a diffusers policy with its base (deterministic from the config) and zero-initialised LoRA B.
+    a diffusers policy with its base (deterministic from the config, or its pipeline folder's weights)
+    and zero-initialised LoRA B.
     """
     if isinstance(config, DiffusersPolicyConfig):
-        return DiffusersPolicy.from_config(config)
+        return PipelinePolicy.from_config(config) if config.pipeline else DiffusersPolicy.from_config(config)
     if isinstance(config, TinyDiTConfig):
         return TinyDiT(config)
     return TinyDiT(TinyDiTConfig(**config))

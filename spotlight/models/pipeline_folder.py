@@ -1,0 +1,179 @@
+"""A local diffusers pipeline folder read as plain JSON: its family, latent geometry and sigma schedule.
+
+Everything here reads ``model_index.json`` and the ``config.json`` files of ``transformer/``, ``vae/``
+and ``scheduler/`` and imports neither diffusers nor torch weights, so a config can be validated, a
+sampling plan made and a spot device told what to build before any model is loaded. The numbers are
+the ones the family's own pipeline derives (``vae_scale_factor``, the 2x2 packing, ``calculate_shift``'s
+``mu``), so that Spotlight samples on the grid and schedule that ``pipe(...)`` would.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from spotlight.models.diffusers_config import Family
+
+__all__ = ["PIPELINE_FAMILIES", "PipelineFolder", "PipelineFolderError", "ScheduleParams", "read_pipeline_folder"]
+
+# model_index.json's _class_name -> family. Only the text-to-image pipelines: an img2img or inpainting
+# folder holds the same parts but is saved under its own class; the base class name is what users download.
+PIPELINE_FAMILIES: dict[str, Family] = {
+    "StableDiffusion3Pipeline": "sd3",
+    "FluxPipeline": "flux",
+    "QwenImagePipeline": "qwen-image",
+}
+# What the family's pipeline passes to calculate_shift when the scheduler config does not say
+# (SD3's pipeline defaults max_shift to 1.16, FLUX's and Qwen-Image's to 1.15).
+_SHIFT_DEFAULTS: dict[Family, tuple[int, int, float, float]] = {
+    "sd3": (256, 4096, 0.5, 1.16), "flux": (256, 4096, 0.5, 1.15), "qwen-image": (256, 4096, 0.5, 1.15)}
+_UNSUPPORTED_SCHEDULES = ("use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "invert_sigmas",
+                          "stochastic_sampling")
+
+
+class PipelineFolderError(ValueError):
+    """A folder that is not a usable pipeline, or a resolution it cannot take; one line: the cause and the fix."""
+
+
+@dataclass(frozen=True)
+class ScheduleParams:
+    """The pipeline's sigma schedule for one latent size, in `spotlight.diffusion.schedule.sigma_schedule`'s terms.
+
+    ``shift``: the static shift, or the dynamic one folded in (``exp(mu)`` for exponential time shifting,
+    ``mu`` for linear: both equal ``s t / (1 + (s - 1) t)`` with that ``s``); ``grid_end``: the last
+    unshifted sigma of the grid (None: ``1 / num_steps``, what FLUX's and Qwen-Image's pipelines pass;
+    SD3's pipeline lets the scheduler end its grid at its ``sigma_min``); ``shift_terminal``: stretch
+    the schedule so its last non-zero sigma is this (Qwen-Image's 0.02).
+    """
+
+    shift: float
+    grid_end: float | None
+    shift_terminal: float | None
+
+
+@dataclass(frozen=True)
+class PipelineFolder:
+    """What Spotlight reads from a pipeline folder before loading any weights."""
+
+    path: Path
+    family: Family
+    components: tuple[str, ...]
+    transformer: dict[str, Any]
+    vae: dict[str, Any]
+    scheduler: dict[str, Any]
+
+    @property
+    def vae_scale_factor(self) -> int:
+        """Pixels per latent cell, as the family's pipeline computes it from the VAE config."""
+        if self.family == "qwen-image":
+            return 2 ** len(self.vae.get("temperal_downsample", [False, True, True]))
+        return 2 ** (len(self.vae.get("block_out_channels", [0, 0, 0, 0])) - 1)
+
+    @property
+    def latent_channels(self) -> int:
+        """Channels C of the unpacked (B, C, h, w) latents (FLUX / Qwen-Image transformers take 4C packed)."""
+        in_channels = int(self.transformer["in_channels"])
+        return in_channels if self.family == "sd3" else in_channels // 4
+
+    @property
+    def default_resolution(self) -> tuple[int, int]:
+        """The pipeline's default image size: SD3's transformer sample_size, FLUX's / Qwen-Image's 128 latents."""
+        latents = int(self.transformer.get("sample_size", 128)) if self.family == "sd3" else 128
+        size = latents * self.vae_scale_factor
+        return size, size
+
+    def latent_size(self, resolution: tuple[int, int]) -> tuple[int, int]:
+        """Latent (h, w) of ``resolution`` (pixels); PipelineFolderError naming the sizes that work otherwise."""
+        height, width = resolution
+        step = self.vae_scale_factor * self._patch
+        if height <= 0 or width <= 0 or height % step or width % step:
+            raise PipelineFolderError(
+                f"rollout.resolution {height}x{width} does not fit {self.path}: {self.family} needs height and width "
+                f"divisible by {step} (VAE scale {self.vae_scale_factor} x patch {self._patch}); e.g. "
+                f"{max(step, height // step * step)}")
+        if self.family == "sd3":
+            largest = int(self.transformer.get("pos_embed_max_size", 96)) * self._patch * self.vae_scale_factor
+            if max(height, width) > largest:
+                raise PipelineFolderError(
+                    f"rollout.resolution {height}x{width} is larger than {self.path}'s SD3 position table allows "
+                    f"({largest} px per side): choose at most {largest}")
+        return height // self.vae_scale_factor, width // self.vae_scale_factor
+
+    @property
+    def _patch(self) -> int:
+        return int(self.transformer.get("patch_size", 2)) if self.family == "sd3" else 2
+
+    def schedule(self, latent_size: tuple[int, int]) -> ScheduleParams:
+        """The sigma schedule the family's pipeline runs at ``latent_size``, with ``mu`` from its image tokens."""
+        config = self.scheduler
+        for flag in _UNSUPPORTED_SCHEDULES:
+            if config.get(flag):
+                raise PipelineFolderError(f"{self.path}/scheduler sets {flag}, which Spotlight's flow-matching sampler "
+                                          f"does not implement: set it to false in scheduler_config.json")
+        height, width = latent_size
+        tokens = (height // self._patch) * (width // self._patch)
+        shift = float(config.get("shift", 1.0))
+        if config.get("use_dynamic_shifting"):
+            base_len, max_len, base_shift, max_shift = _SHIFT_DEFAULTS[self.family]
+            base_len = config.get("base_image_seq_len", base_len)
+            max_len = config.get("max_image_seq_len", max_len)
+            base_shift = config.get("base_shift", base_shift)
+            max_shift = config.get("max_shift", max_shift)
+            slope = (max_shift - base_shift) / (max_len - base_len)
+            mu = tokens * slope + base_shift - slope * base_len
+            shift = math.exp(mu) if config.get("time_shift_type", "exponential") == "exponential" else mu
+        grid_end = None
+        if self.family == "sd3":  # the scheduler's own grid: from 1 down to its sigma_min
+            train_steps = int(config.get("num_train_timesteps", 1000))
+            first = 1.0 / train_steps
+            static = float(config.get("shift", 1.0))
+            grid_end = first if config.get("use_dynamic_shifting") else static * first / (1 + (static - 1) * first)
+        terminal = config.get("shift_terminal")
+        return ScheduleParams(shift=shift, grid_end=grid_end, shift_terminal=float(terminal) if terminal else None)
+
+
+def _read_json(path: Path, folder: Path, what: str) -> dict[str, Any]:
+    if not path.is_file():
+        raise PipelineFolderError(f"{folder} has no {path.relative_to(folder)} ({what}): pass a complete diffusers "
+                                  f"pipeline folder (as DiffusionPipeline.save_pretrained writes it)")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise PipelineFolderError(f"{path} is unreadable ({type(error).__name__}): re-download the pipeline") from None
+    if not isinstance(data, dict):
+        raise PipelineFolderError(f"{path} is not a JSON object: re-download the pipeline")
+    return data
+
+
+@lru_cache(maxsize=16)
+def _read(folder: Path) -> PipelineFolder:
+    if not folder.is_dir():
+        raise PipelineFolderError(f"model.pretrained {folder} is not a folder: pass a local diffusers pipeline folder "
+                                  f"(model_index.json, transformer/, vae/, text_encoder*/, scheduler/)")
+    index = _read_json(folder / "model_index.json", folder, "the pipeline's index")
+    class_name = str(index.get("_class_name", ""))
+    if class_name not in PIPELINE_FAMILIES:
+        known = ", ".join(f"{name} ({family})" for name, family in PIPELINE_FAMILIES.items())
+        raise PipelineFolderError(f"{folder} holds a {class_name or 'pipeline of no class'}, which Spotlight does not "
+                                  f"post-train: pass a folder of one of {known}")
+    components = tuple(sorted(name for name, value in index.items()
+                              if not name.startswith("_") and isinstance(value, list) and value[0] is not None))
+    for needed in ("transformer", "vae", "scheduler", "text_encoder", "tokenizer"):
+        if needed not in components:
+            raise PipelineFolderError(f"{folder}/model_index.json lists no {needed}: Spotlight needs the pipeline's "
+                                      f"transformer, vae, text encoders and scheduler; pass the full pipeline folder")
+    return PipelineFolder(
+        path=folder, family=PIPELINE_FAMILIES[class_name], components=components,
+        transformer=_read_json(folder / "transformer" / "config.json", folder, "the transformer's config"),
+        vae=_read_json(folder / "vae" / "config.json", folder, "the VAE's config"),
+        scheduler=_read_json(folder / "scheduler" / "scheduler_config.json", folder, "the scheduler's config"),
+    )
+
+
+def read_pipeline_folder(path: str | Path) -> PipelineFolder:
+    """The pipeline folder at ``path`` (read once per process); PipelineFolderError in one line otherwise."""
+    return _read(Path(path).expanduser().resolve())

@@ -1,0 +1,140 @@
+"""A whole diffusers pipeline folder as a policy: its transformer trained, its text encoders and VAE frozen around it.
+
+``PipelinePolicy`` is a `DiffusersPolicy` (LoRA or full fine-tuning, checkpoints, broadcasts, attention
+routing are the same code) whose conditioning and output are the pipeline's own:
+
+- **prompts**: ``tokenize(prompts)`` gives (B, 2) int64 rows ``[prompt id, guided]``. The id indexes this
+  process's `PromptCache` of ``pipe.encode_prompt`` embeddings (see `spotlight.models.pipeline_prompts`
+  for why ids, not embeddings, travel through the loop); ``guided`` says whether the caller wants the
+  classifier-free-guided velocity (1) or the conditional one (0). Carrying that choice in the
+  conditioning lets one policy serve both: sampling, exploration and Flow-GRPO's log-prob of the guided
+  step ask for guided rows, and the NFT update asks for conditional rows, since DiffusionNFT trains
+  CFG-free (its implicit policies are the conditional velocity; guidance is a sampling-time choice).
+- **guidance**: with ``guidance_scale`` > 1, guided rows get one batched forward of the conditional
+  and the negative-prompt (``negative_prompt``, default "") halves, combined as the family's pipeline
+  combines them (`spotlight.models.guidance`); a guidance-distilled FLUX gets the scale as its
+  ``guidance`` input instead.
+- **latents**: (C, h, w) from the VAE scale factor and the transformer's channels at ``resolution``
+  (FLUX / Qwen-Image pack 2x2 inside the forward); ``decode_images`` runs the VAE (`LatentDecoder`).
+- **device**: the forward takes latents on any device, runs on the transformer's, and answers on the
+  caller's, so the loop's CPU tensors (seeded noise, commits, checkpoints) stay as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from spotlight.models.diffusers_adapter import DiffusersPolicy
+from spotlight.models.diffusers_config import DiffusersPolicyConfig
+from spotlight.models.diffusers_inputs import PromptEmbeddings, transformer_velocity
+from spotlight.models.diffusers_loading import load_transformer
+from spotlight.models.guidance import guided_velocity, uses_true_cfg
+from spotlight.models.latent_decoder import LatentDecoder
+from spotlight.models.pipeline_folder import PipelineFolder, ScheduleParams, read_pipeline_folder
+from spotlight.models.pipeline_prompts import PromptCache
+
+__all__ = ["PipelinePolicy"]
+
+
+class PipelinePolicy(DiffusersPolicy):
+    """A pipeline folder's transformer (trained) with its text encoders and VAE (frozen, shared by copies)."""
+
+    def __init__(self, transformer: torch.nn.Module, config: DiffusersPolicyConfig, folder: PipelineFolder,
+                 prompts: PromptCache, decoder: LatentDecoder) -> None:
+        super().__init__(transformer, config)
+        self.folder = folder
+        self.prompts = prompts
+        self.decoder = decoder
+        self._latent_size = folder.latent_size(config.resolution or folder.default_resolution)
+        self.true_cfg = uses_true_cfg(config.family, config.guidance_scale,
+                                      bool(getattr(transformer.config, "guidance_embeds", False)))
+
+    @classmethod
+    def from_config(cls, config: DiffusersPolicyConfig) -> PipelinePolicy:
+        """Load the folder's transformer (``config.dtype``; float32 for full fine-tuning) and wrap it.
+
+        The text encoders and the VAE load on first use (a prompt to encode, latents to decode), so a
+        process that only denoises committed latents of known prompts never pays for them.
+        """
+        if not config.pipeline or config.pretrained is None:
+            raise ValueError("PipelinePolicy needs pipeline: true and pretrained set to a pipeline folder")
+        folder = read_pipeline_folder(config.pretrained)
+        if folder.family != config.family:
+            raise ValueError(f"{folder.path} holds a {folder.family} pipeline, not {config.family}: set family to "
+                             f"{folder.family}")
+        folder.latent_size(config.resolution or folder.default_resolution)  # a bad resolution fails before loading
+        dtype = torch.float32 if config.finetune == "full" else config.torch_dtype
+        transformer = load_transformer(config.family, str(folder.path), dtype)
+        prompts = PromptCache(folder, config.torch_dtype, config.max_sequence_length)
+        return cls(transformer, config, folder, prompts, LatentDecoder(folder, config.torch_dtype))
+
+    # --- what the loop asks of it ----------------------------------------------------------------
+
+    @property
+    def latent_shape(self) -> tuple[int, int, int]:
+        """(C, h, w) of the unpacked latents at the configured resolution."""
+        return (self.folder.latent_channels, *self._latent_size)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the transformer runs."""
+        return next(self.transformer.parameters()).device
+
+    def schedule(self) -> ScheduleParams:
+        """The pipeline scheduler's sigma schedule at this policy's latent size."""
+        return self.folder.schedule(self._latent_size)
+
+    def tokenize(self, prompts: Sequence[str], guided: bool = True) -> torch.Tensor:
+        """Rows ``[prompt id, guided]`` (B, 2) int64, encoding each new prompt once (module docstring)."""
+        ids = self.prompts.ids(prompts)
+        return torch.stack([ids, torch.full_like(ids, int(guided))], dim=1)
+
+    def decode_images(self, latents: torch.Tensor) -> torch.Tensor:
+        """Images (B, 3, H, W) in [0, 1] on the CPU: the VAE decode of sampled latents (B, C, h, w)."""
+        return self.decoder(latents)
+
+    def to(self, *args, **kwargs) -> PipelinePolicy:  # type: ignore[override]
+        """Move the transformer as ``nn.Module.to`` does; the VAE and the text encoders follow to its device."""
+        result = super().to(*args, **kwargs)
+        self.decoder.to(self.device)
+        self.prompts.device = self.device
+        return result
+
+    def forward(self, x: torch.Tensor, sigma: torch.Tensor,
+                cond: torch.Tensor | PromptEmbeddings) -> torch.Tensor:
+        """Velocity (B, C, h, w) at latents ``x`` and noise levels ``sigma`` (B,), guided where ``cond`` asks.
+
+        ``cond``: rows ``[prompt id, guided]`` from :meth:`tokenize` (or ``PromptEmbeddings``: the
+        conditional velocity of those embeddings). One transformer call: the guided rows' negative-prompt
+        half rides in the same batch.
+        """
+        if isinstance(cond, PromptEmbeddings):
+            return super().forward(x, sigma, cond)
+        if cond.dim() != 2 or cond.shape[1] != 2:
+            raise ValueError(f"a pipeline policy is conditioned on (B, 2) rows [prompt id, guided] (got shape "
+                             f"{tuple(cond.shape)}): make them with policy.tokenize(prompts)")
+        batch, device = x.shape[0], self.device
+        latents = x.to(device)
+        sigmas = sigma.to(device).expand(batch)
+        ids = cond[:, 0]
+        guided_rows = torch.empty(0, dtype=torch.int64)
+        if self.true_cfg:
+            guided_rows = (cond[:, 1] != 0).nonzero().flatten()
+        if len(guided_rows):
+            negative = self.prompts.ids([self.config.negative_prompt])
+            ids = torch.cat([ids, negative.expand(len(guided_rows))])
+            rows = guided_rows.to(device)
+            latents = torch.cat([latents, latents[rows]])
+            sigmas = torch.cat([sigmas, sigmas[rows]])
+        embeddings = self.prompts.embeddings(ids.cpu())
+        with self.autocast(device):
+            velocity = transformer_velocity(self.transformer, self.family, latents, sigmas, embeddings,
+                                            self.config.guidance_scale)
+        if len(guided_rows):
+            rows = guided_rows.to(device)
+            conditional, unconditional = velocity[:batch], velocity[batch:]
+            combined = guided_velocity(self.family, conditional[rows], unconditional, self.config.guidance_scale)
+            velocity = conditional.index_copy(0, rows, combined)
+        return velocity.to(x.device)
