@@ -160,8 +160,23 @@ def train(
         if tasks:
             progress.update(tasks[0], total=summary.history[-1]["iteration"])
     Console().print(_summary_table(summary))
+    _print_outcome(summary)
     _runtime_summary(summary.run_dir)
     _write_run_report(summary.run_dir)
+
+
+def _print_outcome(summary: Any) -> None:
+    """The best validation (what checkpoints/best holds) beside the final one, and the guard's stop line if any.
+
+    A run can pass its peak; the best model is what a user ships, so the summary always names it.
+    """
+    best, final = summary.best, (summary.validation[-1] if summary.validation else None)
+    if best is not None and final is not None:
+        print(f"best: val strict accuracy {best['val/strict_accuracy']:.3f} at iteration {best['iteration']} "
+              f"({summary.run_dir / 'checkpoints' / 'best'}); final: {final['val/strict_accuracy']:.3f} at iteration "
+              f"{final['iteration']}")
+    if summary.stopped:
+        print(summary.stopped)
 
 
 def _runtime_summary(run_dir: Path) -> None:

@@ -19,6 +19,7 @@ from spotlight.models.policy_section import PolicySection
 from spotlight.rewards.section import RewardSection
 from spotlight.modes import Mode
 from spotlight.runtime.cores import available_cores, check_cores
+from spotlight.rl.guard import GuardSection
 from spotlight.runtime.section import RuntimeSection
 from spotlight.schema import ConfigError, Section  # noqa: F401 (re-exported: ConfigError, Section)
 from spotlight.tasks import TaskName
@@ -91,6 +92,14 @@ class TrainSection(Section):
     # warmed up as min(decay, (1 + i) / (10 + i)): a fixed 0.95 from iteration 0 kept the EMA near the
     # base model for the first ~40 iterations and hid what the raw model did
     ema_decay: float | None = Field(0.95, ge=0, lt=1)
+    # The sampling policy θ_old (rollouts, exploration, NFT's v_old, Flow-GRPO's old log-probs) follows the
+    # trained θ as θ_old ← d θ_old + (1 - d) θ after every update, d ramped linearly from 0 to
+    # old_policy_decay over old_policy_warmup iterations (DiffusionNFT's soft update). 0: θ_old = θ_i,
+    # the update before issue 21, which collapsed after ~100 iterations (docs/learning.md).
+    old_policy_decay: float = Field(0.0, ge=0, lt=1)
+    old_policy_warmup: int = Field(0, ge=0)
+    # nft: weight of ||v - v_ref||² towards the frozen base (v_ref), a trust term on the whole walk
+    nft_kl_beta: float = Field(0.0, ge=0)
 
 
 class ExploreSection(Section):
@@ -143,6 +152,7 @@ class TrainConfig(Section):
     explore: ExploreSection = ExploreSection()
     reward: RewardSection = RewardSection()
     eval: EvalSection = EvalSection()
+    guard: GuardSection = GuardSection()  # what the loop does when a run is dying (spotlight/rl/guard.py)
     runtime: RuntimeSection = RuntimeSection()
     model: PolicySection = PolicySection()  # tinydit (base_checkpoint) or a tiny diffusers family with LoRA
     data: DataSection = DataSection()  # the prompts: a dataset folder or shipped set; null: the task's
@@ -222,6 +232,10 @@ class TrainConfig(Section):
                 f"mode disaggregated takes one optimizer step per logical batch (GAP equals the one-shot update "
                 f"only then): set train.num_epochs=1 and train.num_minibatches=1 (got {self.train.num_epochs} and "
                 f"{self.train.num_minibatches})")
+        if self.train.old_policy_decay > 0 or self.train.nft_kl_beta > 0:
+            raise ValueError(
+                "mode disaggregated trains the policy its generators sample (θ_old = θ_i) and has no base reference: "
+                "set train.old_policy_decay=0 and train.nft_kl_beta=0 (configs/disaggregated.yaml does)")
         if self.explore.planner is not None or self.runtime.sp_degree > 1 or self.runtime.address is not None:
             raise ValueError("mode disaggregated runs on a local cluster with its own exploration (disagg.explore): "
                              "set explore.planner null, runtime.sp_degree 1 and runtime.address null")

@@ -45,6 +45,8 @@ class NFTHyperparameters(Protocol):
     def nft_beta(self) -> float: ...
     @property
     def grad_clip(self) -> float: ...
+    @property
+    def nft_kl_beta(self) -> float: ...
 
 
 def optimality(advantages: torch.Tensor, scale: float) -> torch.Tensor:
@@ -79,10 +81,13 @@ def nft_update(
     batch: RolloutBatch,
     config: NFTHyperparameters,
     generator: torch.Generator,
+    reference: Policy | None = None,
 ) -> dict[str, float]:
     """One NFT iteration over a rollout's clean samples; returns the mean loss, grad norm and sample counts.
 
-    ``old_model`` holds the weights that drew the rollout. Samples whose advantage is exactly 0
+    ``old_model`` holds the weights that drew the rollout. With ``config.nft_kl_beta > 0`` the loss
+    adds ``nft_kl_beta ||v - v_ref||²`` towards ``reference`` (the frozen base): NFT's own trust region
+    bounds one step from ``old_model``, this term bounds the walk of many. Samples whose advantage is exactly 0
     (a group of equal rewards, or a reward that failed) carry no signal and are left out. Each
     sample is noised at ``config.nft_timesteps`` uniform noise levels (the distribution pre-training
     used); the kept samples are shuffled into ``num_minibatches`` optimizer steps, ``num_epochs`` times.
@@ -105,7 +110,16 @@ def nft_update(
             with torch.no_grad():
                 old_velocity = old_model(noisy, sigma, tokens)
             optimizer.zero_grad(set_to_none=True)
-            loss = nft_loss(model(noisy, sigma, tokens), old_velocity, noise - x0, r, config.nft_beta).mean()
+            velocity = model(noisy, sigma, tokens)
+            loss = nft_loss(velocity, old_velocity, noise - x0, r, config.nft_beta).mean()
+            if config.nft_kl_beta > 0:
+                if reference is None:
+                    raise ValueError("train.nft_kl_beta > 0 needs the frozen base as reference")
+                with torch.no_grad():
+                    reference_velocity = reference(noisy, sigma, tokens)
+                kl = (velocity - reference_velocity).pow(2).mean()
+                loss = loss + config.nft_kl_beta * kl
+                totals["kl"] = totals.get("kl", 0.0) + float(kl.detach())
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             optimizer.step()
