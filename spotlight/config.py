@@ -53,6 +53,20 @@ class RolloutSection(Section):
     # sde or ode; null: the update's own (flow-grpo needs SDE steps' log-probs, nft takes ODE samples,
     # whose only randomness is the initial latent, so a seed names the sample and exploration ranks it)
     sampler: Literal["sde", "ode"] | None = None
+    # model.pretrained only: image size in pixels (one int: square; [h, w]); null: the pipeline's default
+    resolution: int | tuple[int, int] | None = None
+    # classifier-free guidance (1: off) against negative_prompt, in sampling, exploration and Flow-GRPO's
+    # log-probs (nft trains the conditional velocity, CFG-free, as DiffusionNFT does); a guidance-distilled
+    # FLUX takes it as its guidance input. Pipelines only: the tiny families have no unconditional prompt
+    guidance_scale: float = Field(1.0, ge=1.0)
+    negative_prompt: str = ""
+
+    @property
+    def resolution_hw(self) -> tuple[int, int] | None:
+        """``resolution`` as (height, width), or None."""
+        if self.resolution is None or isinstance(self.resolution, tuple):
+            return self.resolution
+        return (self.resolution, self.resolution)
 
 
 class TrainSection(Section):
@@ -157,6 +171,10 @@ class TrainConfig(Section):
     model: PolicySection = PolicySection()  # tinydit (base_checkpoint) or a tiny diffusers family with LoRA
     data: DataSection = DataSection()  # the prompts: a dataset folder or shipped set; null: the task's
     disagg: DisaggSection = DisaggSection()  # mode disaggregated's switches (spotlight/disagg/section.py)
+    # where the policy runs (the trainer's and every device's; noise is drawn on the CPU, then moved) and
+    # the dtype of a diffusers policy's frozen parts (LoRA and fully fine-tuned weights stay float32)
+    device: Literal["cpu", "cuda"] = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
 
     def device_core(self, device: int) -> int | None:
         """The core of device ``device`` (0: the trainer / on-demand device, k + 1: spot device k); None: unpinned."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from spotlight.diffusion.sampler import SamplingPlan
-from spotlight.generation import generate, to_images
+from spotlight.generation import generate, images_of
 from spotlight.models.policy import Policy
 from spotlight.rewards.base import Reward, guarded_score
 from spotlight.tasks.registry import get_task
@@ -79,21 +79,26 @@ def model_kind_of(model: Policy) -> KindOf | None:
 
 def evaluate(
     model: Policy, prompts: Sequence[str], reward: Reward, seeds_per_prompt: int = 4, num_steps: int = 10,
-    shift: float = 1.0, kind_of: KindOf | None = None,
+    shift: float = 1.0, kind_of: KindOf | None = None, schedule: SamplingPlan | None = None,
 ) -> EvalResult:
     """Score ODE samples of every prompt at fixed seeds: the reward's mean and strict accuracy, overall and per kind.
 
     ``kind_of`` names each prompt's kind (a dataset's `PromptDataset.kind_of`); None: the kinds of the
     model's toy task, if it has one. Prompts of no kind are left out of the per-kind numbers.
+    ``schedule``: the rollout's plan, whose sigma schedule (a pipeline scheduler's) validation keeps
+    with its own ``num_steps`` of ODE; None: Spotlight's schedule with ``shift``.
     """
     expanded = [prompt for prompt in prompts for _ in range(seeds_per_prompt)]
     seeds = validation_seeds(len(prompts), seeds_per_prompt)
     plan = SamplingPlan(num_steps=num_steps, shift=shift, sampler="ode")
+    if schedule is not None:
+        plan = SamplingPlan(num_steps=num_steps, shift=schedule.shift, sampler="ode", grid_end=schedule.grid_end,
+                            shift_terminal=schedule.shift_terminal)
     was_training = model.training
     model.eval()
     trajectory = generate(model, expanded, seeds, plan, record=False)
     model.train(was_training)
-    images = to_images(trajectory.final)
+    images = images_of(model, trajectory.final)
     scored = guarded_score(reward, images, expanded)
     strict = scored.strict.float()
     has_strict = bool(getattr(reward, "has_strict", True))

@@ -2,6 +2,11 @@
 
 Not a policy object (that is `spotlight.models`): this is the glue every place that generates images
 calls (the loop, exploration, evaluation, spot devices), so it is written once.
+
+A policy that brings its own conditioning and output space (a diffusers pipeline folder,
+`spotlight.models.pipeline_policy`) defines ``tokenize(prompts, guided)`` (its prompt ids) and
+``decode_images(latents)`` (its VAE); a pixel-space policy (TinyDiT, the tiny diffusers families) is
+tokenized by its task and its samples are the images.
 """
 
 from __future__ import annotations
@@ -15,9 +20,24 @@ from spotlight.models.policy import Policy
 from spotlight.tasks.registry import task_of
 
 
-def prompt_tokens(model: Policy, prompts: Sequence[str]) -> torch.Tensor:
-    """Token ids (B, L) of prompts for ``model``'s text encoder (its task's tokenizer)."""
+def prompt_tokens(model: Policy, prompts: Sequence[str], guided: bool = True) -> torch.Tensor:
+    """The conditioning rows (B, L) int64 of ``prompts`` for ``model``: its own ``tokenize`` (a pipeline's
+    prompt ids; ``guided`` False asks for the CFG-free velocity), else its task's token ids."""
+    tokenize = getattr(model, "tokenize", None)
+    if tokenize is not None:
+        return tokenize(prompts, guided)
     return task_of(model).tokenize(prompts, model.config.max_text_len)
+
+
+def images_of(model: Policy, latents: torch.Tensor) -> torch.Tensor:
+    """What the reward sees: images (B, 3, H, W) in [0, 1] of sampled latents (a pipeline's VAE, else `to_images`)."""
+    decode = getattr(model, "decode_images", None)
+    return decode(latents) if decode is not None else to_images(latents)
+
+
+def model_device(model: Policy) -> torch.device:
+    """The device the model's weights are on (where sampling runs)."""
+    return next(model.parameters()).device
 
 
 def velocity_fn(model: Policy, tokens: torch.Tensor) -> VelocityFn:
@@ -42,16 +62,17 @@ def generate(
     if len(prompts) != len(seeds):
         raise ValueError(f"need one seed per prompt (got {len(prompts)} prompts, {len(seeds)} seeds)")
     tokens = prompt_tokens(model, prompts)
+    device = model_device(model)
     parts = []
     for start in range(0, len(prompts), chunk_size):
         stop = start + chunk_size
         parts.append(
-            sample(velocity_fn(model, tokens[start:stop]), list(seeds[start:stop]), plan,
-                   model.latent_shape, record=record)
+            sample(velocity_fn(model, tokens[start:stop].to(device)), list(seeds[start:stop]), plan,
+                   model.latent_shape, record=record, device=device)
         )
-    return Trajectory(
-        latents=torch.cat([part.latents for part in parts]),
-        log_probs=torch.cat([part.log_probs for part in parts]),
+    return Trajectory(  # on the CPU, where the loop keeps samples (commits, rewards, checkpoints)
+        latents=torch.cat([part.latents.cpu() for part in parts]),
+        log_probs=torch.cat([part.log_probs.cpu() for part in parts]),
         start_step=0,
     )
 

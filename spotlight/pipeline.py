@@ -229,7 +229,8 @@ class Trainer:
         """
         section = self.config.eval
         result = evaluate(self.eval_model, self.val_prompts, self.reward, section.seeds_per_prompt,
-                          section.num_steps, self.config.rollout.shift, self.dataset.kind_of)
+                          section.num_steps, self.config.rollout.shift, self.dataset.kind_of,
+                          rollout_plan(self.config))
         columns = min(section.seeds_per_prompt, GRID_SEEDS)
         shown = [p * section.seeds_per_prompt + s for p in range(section.grid_prompts) for s in range(columns)]
         shown = [index for index in shown if index < len(result.prompts)]
@@ -238,7 +239,7 @@ class Trainer:
         metrics = result.metrics()
         if section.raw_model and self.ema is not None:
             raw = evaluate(self.model, self.val_prompts, self.reward, section.seeds_per_prompt, section.num_steps,
-                           self.config.rollout.shift, self.dataset.kind_of)
+                           self.config.rollout.shift, self.dataset.kind_of, rollout_plan(self.config))
             metrics.update(raw.metrics(prefix="val_raw"))
         if result.score > self.best_accuracy:  # strict accuracy, or the mean of a reward without one
             self.best_accuracy = result.score

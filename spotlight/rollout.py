@@ -14,8 +14,9 @@ import torch
 from spotlight.config import TrainConfig
 from spotlight.diffusion.sampler import SamplingPlan, Trajectory
 from spotlight.disagg.groups import AssembledGroup
-from spotlight.generation import generate, prompt_tokens, to_images
+from spotlight.generation import generate, images_of, prompt_tokens
 from spotlight.loop_model import LoopModel
+from spotlight.models.pipeline_folder import read_pipeline_folder
 from spotlight.rewards.base import Reward, guarded_score
 from spotlight.rl.advantages import group_advantages
 from spotlight.rl.grpo import RolloutBatch
@@ -32,10 +33,21 @@ class Rollout:
 
 
 def rollout_plan(config: TrainConfig) -> SamplingPlan:
-    """The sampling plan of rollouts (what every device that helps a rollout runs)."""
+    """The sampling plan of rollouts (what every device that helps a rollout runs).
+
+    With ``model.pretrained`` the sigma schedule is the pipeline scheduler's at the rollout's latent size
+    (its static shift or resolution-dependent ``mu``, its grid and terminal stretch: what ``pipe(...)``
+    samples on; ``rollout.shift`` is not used), read from the folder's JSON alone.
+    """
     section = config.rollout
-    return SamplingPlan(num_steps=section.num_steps, shift=section.shift, sampler=config.rollout_sampler,
-                        noise_level=section.noise_level, sde_steps=section.sde_steps)
+    shift, grid_end, shift_terminal = section.shift, None, None
+    if config.model.pretrained is not None:
+        folder = read_pipeline_folder(config.model.pretrained)
+        schedule = folder.schedule(folder.latent_size(section.resolution_hw or folder.default_resolution))
+        shift, grid_end, shift_terminal = schedule.shift, schedule.grid_end, schedule.shift_terminal
+    return SamplingPlan(num_steps=section.num_steps, shift=shift, sampler=config.rollout_sampler,
+                        noise_level=section.noise_level, sde_steps=section.sde_steps, grid_end=grid_end,
+                        shift_terminal=shift_terminal)
 
 
 def group_requests(prompts: list[str], seeds: torch.Tensor) -> tuple[list[str], list[int]]:
@@ -82,13 +94,15 @@ def score_rollout(model: LoopModel, prompts: list[str], seeds: torch.Tensor, tra
     section = config.rollout
     plan = rollout_plan(config)
     expanded, _ = group_requests(prompts, seeds)
-    scored = guarded_score(reward, to_images(trajectory.final), expanded)
+    scored = guarded_score(reward, images_of(model, trajectory.final), expanded)
     rewards = scored.rewards.reshape(num_prompts, group_size)
     valid = scored.valid.reshape(num_prompts, group_size)
     advantages = group_advantages(rewards, valid, config.train.adv_std, config.train.adv_clip)
     metrics = rollout_metrics(rewards, valid, scored.strict.reshape(num_prompts, group_size))
     batch = RolloutBatch(
-        latents=trajectory.latents, log_probs=trajectory.log_probs, tokens=prompt_tokens(model, expanded),
+        # nft trains the conditional velocity (CFG-free, as DiffusionNFT); flow-grpo the guided step it sampled
+        latents=trajectory.latents, log_probs=trajectory.log_probs,
+        tokens=prompt_tokens(model, expanded, guided=config.train.algorithm != "nft"),
         advantages=advantages.reshape(-1), sigmas=plan.sigmas(), noise_level=section.noise_level,
         stochastic_steps=plan.stochastic_steps,
     )

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.explore.planner import ExplorePlan
-from spotlight.generation import generate, to_images
+from spotlight.generation import generate, images_of, to_images
 from spotlight.models.policy import Policy
 from spotlight.rewards.base import Reward, guarded_score
 
@@ -26,11 +26,13 @@ def exploration_sampling(plan: ExplorePlan, rollout: SamplingPlan) -> SamplingPl
     for an SDE rollout samples S ODE steps of its own schedule (kept to measure how little it predicts).
     """
     if plan.sampler == "ode" and rollout.sampler == "sde":
-        return SamplingPlan(num_steps=plan.num_steps, shift=rollout.shift, sampler="ode")
+        return SamplingPlan(num_steps=plan.num_steps, shift=rollout.shift, sampler="ode", grid_end=rollout.grid_end,
+                            shift_terminal=rollout.shift_terminal)
     if plan.num_steps >= rollout.num_steps:
         return rollout
     return SamplingPlan(num_steps=plan.num_steps, shift=rollout.shift, sampler=rollout.sampler,
-                        noise_level=rollout.noise_level, sde_steps=rollout.sde_steps, prefix_of=rollout.num_steps)
+                        noise_level=rollout.noise_level, sde_steps=rollout.sde_steps, prefix_of=rollout.num_steps,
+                        grid_end=rollout.grid_end, shift_terminal=rollout.shift_terminal)
 
 
 def score_candidates(
@@ -47,13 +49,15 @@ def score_candidates(
         raise ValueError(f"need one row of seeds per prompt (got {len(prompts)} prompts, {num_prompts} rows)")
     expanded = [prompt for prompt in prompts for _ in range(num_candidates)]
     trajectory = generate(model, expanded, seeds.reshape(-1).tolist(), sampling, record=False)
-    return score_latents(trajectory.final, prompts, reward)
+    return score_latents(trajectory.final, prompts, reward, lambda latents: images_of(model, latents))
 
 
-def score_latents(latents: torch.Tensor, prompts: Sequence[str], reward: Reward) -> torch.Tensor:
+def score_latents(latents: torch.Tensor, prompts: Sequence[str], reward: Reward,
+                  decode: Callable[[torch.Tensor], torch.Tensor] = to_images) -> torch.Tensor:
     """Rewards (P, N) of denoised candidates ``latents`` (P·N, C, H, W), prompt-major; NaN where scoring failed.
 
     The scoring half of `score_candidates`, for candidates denoised elsewhere (spot devices via the queue).
+    ``decode`` turns latents into the reward's images (a pipeline policy's VAE: `generation.images_of`).
     """
     num_prompts = len(prompts)
     if num_prompts == 0 or latents.shape[0] % num_prompts:
@@ -61,6 +65,6 @@ def score_latents(latents: torch.Tensor, prompts: Sequence[str], reward: Reward)
                          f"(got {latents.shape[0]} latents)")
     num_candidates = latents.shape[0] // num_prompts
     expanded = [prompt for prompt in prompts for _ in range(num_candidates)]
-    scored = guarded_score(reward, to_images(latents), expanded)
+    scored = guarded_score(reward, decode(latents), expanded)
     rewards = torch.where(scored.valid, scored.rewards, torch.full_like(scored.rewards, float("nan")))
     return rewards.reshape(num_prompts, num_candidates)

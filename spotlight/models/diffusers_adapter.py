@@ -183,9 +183,12 @@ class DiffusersPolicy(nn.Module):
             if self.text_encoder is None:
                 raise ValueError("this policy has no text encoder: pass PromptEmbeddings, or build it with "
                                  "task and vocab_size set to take token ids")
-            cond = self.text_encoder(cond)
-        with self.autocast(x.device):
-            return transformer_velocity(self.transformer, self.family, x, sigma, cond, self.config.guidance_scale)
+            cond = self.text_encoder(cond.to(self.text_encoder.position.device))
+        device = next(self.transformer.parameters()).device  # latents from the loop may sit on the CPU
+        with self.autocast(device):
+            velocity = transformer_velocity(self.transformer, self.family, x.to(device), sigma.to(device), cond,
+                                            self.config.guidance_scale)
+        return velocity.to(x.device)
 
     # --- the reference policy -------------------------------------------------------------------
 
@@ -304,13 +307,16 @@ class DiffusersPolicy(nn.Module):
         self.load_lora_state_dict(state)
 
     def save_for_diffusers(self, directory: str | Path) -> Path:
-        """Write ``directory/pytorch_lora_weights.safetensors`` in diffusers' format; returns its path.
+        """Write what diffusers loads this policy from into ``directory``; returns its path.
 
-        ``DiffusionPipeline.from_pretrained(base).load_lora_weights(directory)`` then gives this policy
-        (``spotlight.models.diffusers_export``); every checkpoint of a diffusers policy holds it.
+        LoRA: ``pytorch_lora_weights.safetensors``, so that ``DiffusionPipeline.from_pretrained(base)
+        .load_lora_weights(directory)`` gives this policy; full fine-tuning: a ``transformer/`` folder that
+        ``from_pretrained`` loads (``spotlight.models.diffusers_export``). Every checkpoint holds it.
         """
-        from spotlight.models.diffusers_export import save_diffusers_lora
+        from spotlight.models.diffusers_export import save_diffusers_lora, save_transformer_folder
 
+        if self.config.finetune == "full":
+            return save_transformer_folder(self.transformer, directory)
         return save_diffusers_lora(self.transformer, self.family, ADAPTER_NAME, directory)
 
     # --- the policy interface: what the loop, checkpoints and the runtime use ----------------------

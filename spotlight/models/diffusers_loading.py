@@ -6,8 +6,10 @@ machine without them; the error then says what to install.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +19,27 @@ from spotlight.models.diffusers_config import TINY_CONFIGS, TRANSFORMER_CLASSES,
 
 if TYPE_CHECKING:
     from diffusers.models.modeling_utils import ModelMixin
+
+
+@contextlib.contextmanager
+def quiet_loading() -> Iterator[None]:
+    """diffusers' and transformers' per-component progress bars off while loading (a run's terminal is the
+    loop's progress bar); restored after."""
+    from diffusers.utils import logging as diffusers_logging
+
+    diffusers_logging.disable_progress_bar()
+    try:
+        from transformers.utils import logging as transformers_logging
+    except ImportError:
+        transformers_logging = None
+    if transformers_logging is not None:
+        transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        diffusers_logging.enable_progress_bar()
+        if transformers_logging is not None:
+            transformers_logging.enable_progress_bar()
 
 
 class DiffusersLoadError(OSError):
@@ -78,13 +101,14 @@ def load_transformer(family: Family, path_or_id: str, dtype: torch.dtype = torch
             fix = f"set family: {families[stored_class]}" if stored_class in families else "pass another folder"
             raise DiffusersLoadError(f"{config_path} describes a {stored_class}, not the {cls.__name__} of family "
                                      f"{family}: {fix}")
-        return cls.from_pretrained(str(transformer_folder), torch_dtype=dtype)
+        with quiet_loading():
+            return cls.from_pretrained(str(transformer_folder), dtype=dtype)
     if _looks_like_path(path_or_id):
         raise DiffusersLoadError(
             f"cannot load {path_or_id!r}: no such folder; pass an existing diffusers pipeline folder or a Hub id"
         )
     try:
-        return cls.from_pretrained(path_or_id, subfolder="transformer", torch_dtype=dtype)
+        return cls.from_pretrained(path_or_id, subfolder="transformer", dtype=dtype)
     except OSError as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise DiffusersLoadError(

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from spotlight.models.diffusers_loading import quiet_loading
 from spotlight.models.pipeline_folder import PipelineFolder
 
 __all__ = ["LatentDecoder"]
@@ -41,7 +42,8 @@ class LatentDecoder:
             import diffusers
 
             name = "AutoencoderKLQwenImage" if self.folder.family == "qwen-image" else "AutoencoderKL"
-            self._vae = getattr(diffusers, name).from_pretrained(str(self.folder.path / "vae"), torch_dtype=self.dtype)
+            with quiet_loading():
+                self._vae = getattr(diffusers, name).from_pretrained(str(self.folder.path / "vae"), dtype=self.dtype)
             self._vae.requires_grad_(False).eval().to(self.device)
         return self._vae
 

@@ -118,6 +118,7 @@ class PipelinePolicy(DiffusersPolicy):
         batch, device = x.shape[0], self.device
         latents = x.to(device)
         sigmas = sigma.to(device).expand(batch)
+        cond = cond.cpu()  # ids index the CPU-side prompt cache
         ids = cond[:, 0]
         guided_rows = torch.empty(0, dtype=torch.int64)
         if self.true_cfg:
@@ -128,7 +129,7 @@ class PipelinePolicy(DiffusersPolicy):
             rows = guided_rows.to(device)
             latents = torch.cat([latents, latents[rows]])
             sigmas = torch.cat([sigmas, sigmas[rows]])
-        embeddings = self.prompts.embeddings(ids.cpu())
+        embeddings = self.prompts.embeddings(ids)
         with self.autocast(device):
             velocity = transformer_velocity(self.transformer, self.family, latents, sigmas, embeddings,
                                             self.config.guidance_scale)

@@ -19,12 +19,14 @@ cached rows equal the pipeline's own embeddings bit for bit.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from spotlight.models.diffusers_inputs import PromptEmbeddings
+from spotlight.models.diffusers_loading import quiet_loading
 from spotlight.models.pipeline_folder import PipelineFolder
 
 __all__ = ["DEFAULT_MAX_SEQUENCE_LENGTH", "PromptCache", "prompt_id"]
@@ -77,8 +79,9 @@ class PromptCache:
 
             name = next(cls for cls, family in PIPELINE_FAMILIES.items() if family == self.family)
             # the text half of the pipeline: its encode_prompt is the reference we must equal
-            self._pipe = getattr(diffusers, name).from_pretrained(
-                str(self.folder.path), transformer=None, vae=None, torch_dtype=self.dtype)
+            with quiet_loading():
+                self._pipe = getattr(diffusers, name).from_pretrained(
+                    str(self.folder.path), transformer=None, vae=None, dtype=self.dtype)
             self._pipe.set_progress_bar_config(disable=True)
             for component in self._pipe.components.values():
                 if isinstance(component, torch.nn.Module):
@@ -89,6 +92,11 @@ class PromptCache:
         pipe = self._pipeline()
         if self.device.type != "cpu":
             pipe.to(self.device)
+        # the pipelines warn of every prompt their max_sequence_length truncates; once per prompt
+        # in a training run is noise: the length is the user's choice (model.max_sequence_length)
+        pipeline_log = logging.getLogger(type(pipe).__module__)
+        level = pipeline_log.level
+        pipeline_log.setLevel(logging.ERROR)
         try:
             with torch.no_grad():
                 if self.family == "sd3":
@@ -107,6 +115,7 @@ class PromptCache:
                         embeds = embeds[:, : int(mask[0].sum())]
                     row = PromptEmbeddings(embeds=embeds)
         finally:
+            pipeline_log.setLevel(level)
             if self.offload and self.device.type != "cpu":
                 pipe.to("cpu")
         return row.to(device="cpu")

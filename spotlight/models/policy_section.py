@@ -6,6 +6,12 @@ family, built from this section and the task: it denoises the task's images dire
 no VAE, so the task's reward scores its samples as it scores a TinyDiT's), its prompts are the
 task's token ids through a frozen text encoder, and every random weight comes from ``init_seed``.
 That seed, not a file, is the base a LoRA checkpoint refers to.
+
+``pretrained: FOLDER`` trains a real diffusers pipeline folder instead (`spotlight.models.pipeline_policy`):
+its family comes from the folder's ``model_index.json``, its prompts are encoded by its own text
+encoders, it samples latents at ``rollout.resolution`` on its scheduler's schedule, with
+``rollout.guidance_scale``, and its VAE decodes them for the reward. ``finetune`` picks LoRA (rank,
+alpha, targets as for the tiny families) or every transformer weight.
 """
 
 from __future__ import annotations
@@ -14,7 +20,8 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from spotlight.models.diffusers_config import TINY_CONFIGS, DiffusersPolicyConfig
+from spotlight.models.diffusers_config import TINY_CONFIGS, DiffusersPolicyConfig, DTypeName, Finetune
+from spotlight.models.pipeline_folder import read_pipeline_folder
 from spotlight.schema import Section
 
 PolicyFamily = Literal["tinydit", "sd3", "flux", "qwen-image"]
@@ -48,13 +55,45 @@ class PolicySection(Section):
     lora_target_modules: tuple[str, ...] | None = None  # None: every joint-attention projection
     max_text_len: int = Field(12, ge=1)  # prompt tokens (a multiple of an SP degree when sharded)
     transformer: dict[str, Any] = Field(default_factory=dict)  # overrides of the tiny architecture
+    # a local diffusers pipeline folder (model_index.json, transformer/, vae/, text_encoder*/, tokenizer*/,
+    # scheduler/); its family is read from model_index.json (model.family may name it, or stay tinydit)
+    pretrained: str | None = None
+    finetune: Finetune = "lora"  # lora: the adapters alone; full: every transformer weight
+    max_sequence_length: int | None = Field(None, ge=1)  # pretrained: text tokens (None: the pipeline's default)
+    gradient_checkpointing: bool = False  # trade compute for activation memory in the update
+    autocast: bool = False  # run the forward under torch.autocast in the run's dtype
 
     @model_validator(mode="after")
     def _diffusers_fields_need_a_diffusers_family(self) -> PolicySection:
         if self.family == "tinydit" and self.transformer:
             raise ValueError("model.transformer overrides a diffusers architecture: set model.family to sd3, flux "
                              "or qwen-image, or remove it (a TinyDiT's architecture comes from base_checkpoint)")
+        if self.pretrained is not None and self.transformer:
+            raise ValueError("model.transformer overrides a tiny architecture; a pretrained pipeline brings its own: "
+                             "remove model.transformer or model.pretrained")
         return self
+
+    def pipeline_config(self, task: str, resolution: tuple[int, int] | None, guidance_scale: float,
+                        negative_prompt: str, dtype: DTypeName) -> DiffusersPolicyConfig:
+        """The policy description of the ``pretrained`` pipeline folder; PipelineFolderError for a bad folder.
+
+        ``task`` only names the run's prompt preset (kinds for validation); the prompts themselves are
+        encoded by the folder's text encoders.
+        """
+        if self.pretrained is None:
+            raise ValueError("model.pretrained is not set: there is no pipeline folder to describe")
+        folder = read_pipeline_folder(self.pretrained)
+        if self.family != "tinydit" and self.family != folder.family:
+            raise ValueError(f"model.family is {self.family} but {folder.path} holds a {folder.family} pipeline: "
+                             f"set model.family to {folder.family} (or leave it out)")
+        folder.latent_size(resolution or folder.default_resolution)
+        return DiffusersPolicyConfig(
+            family=folder.family, pretrained=str(folder.path), pipeline=True, resolution=resolution,
+            lora_rank=self.lora_rank, lora_alpha=self.lora_alpha, lora_target_modules=self.lora_target_modules,
+            finetune=self.finetune, dtype=dtype, guidance_scale=guidance_scale, negative_prompt=negative_prompt,
+            max_sequence_length=self.max_sequence_length, gradient_checkpointing=self.gradient_checkpointing,
+            autocast=self.autocast, task=task,
+        )
 
     def diffusers_config(self, task: str, vocab_size: int, image_size: tuple[int, int]) -> DiffusersPolicyConfig:
         """The full description of the diffusers policy this section builds for ``task``'s images and tokens."""
@@ -66,4 +105,5 @@ class PolicySection(Section):
             family=self.family, tiny=True, tiny_overrides=overrides, latent_size=height, lora_rank=self.lora_rank,
             lora_alpha=self.lora_alpha, lora_target_modules=self.lora_target_modules, dtype="float32",
             init_seed=self.init_seed, task=task, vocab_size=vocab_size, max_text_len=self.max_text_len,
+            finetune=self.finetune, gradient_checkpointing=self.gradient_checkpointing, autocast=self.autocast,
         )
