@@ -30,7 +30,6 @@ numbers it would have had, and a run is fully described by its config.
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import time
@@ -53,13 +52,14 @@ from spotlight.evaluation import evaluate
 from spotlight.explore.planner import ExplorationPlanner, PlannerSection
 from spotlight.explore.staleness import StalenessMonitor
 from spotlight.loop_model import LoopModel
+from spotlight.models.shadow import frozen_base, frozen_copy
 from spotlight.pretrain import ema_decay_at, update_ema
 from spotlight.report.grid import save_grid
 from spotlight.rewards.base import Reward
 from spotlight.rewards.registry import build_reward
 from spotlight.rl.checkpoint import (
     latest_checkpoint,
-    load_model,
+    load_model_state,
     load_training_state,
     replace_model,
     save_training_checkpoint,
@@ -165,11 +165,12 @@ class Trainer:
                            f"a {config.task!r} model")
         section = config.train
         uses_reference = section.kl_beta > 0 if section.algorithm == "flow-grpo" else section.nft_kl_beta > 0
-        self.reference = build_policy(config).requires_grad_(False) if uses_reference else None
-        self.ema = copy.deepcopy(self.model).requires_grad_(False) if section.ema_decay else None
+        # frozen versions: deep copies of a TinyDiT; of a LoRA policy, LoRA tensors over the one shared base
+        self.reference = frozen_base(self.model) if uses_reference else None
+        self.ema = frozen_copy(self.model) if section.ema_decay else None
         # θ_old: what samples, explores and anchors the update; θ itself unless it trails θ (soft update)
-        self.sampler = copy.deepcopy(self.model).requires_grad_(False) if section.old_policy_decay else self.model
-        self.previous = copy.deepcopy(self.model).requires_grad_(False)  # θ_old of i-1 for stale exploration
+        self.sampler = frozen_copy(self.model) if section.old_policy_decay else self.model
+        self.previous = frozen_copy(self.model)  # θ_old of i-1 for stale exploration
         self.optimizer = build_optimizer(self.model, config.train)
         self.grouped = GroupedUpdate(self.model, self.reference, self.optimizer, config.train, config.seed,
                                      config.disagg.tsp, VersionGate(config.disagg.async_one_step))
@@ -193,7 +194,7 @@ class Trainer:
         checkpoint = latest_checkpoint(self.run_dir)
         if checkpoint is None:
             raise RunError(f"--resume: {self.run_dir} has no checkpoint yet; run without --resume to start it")
-        self.model.load_state_dict(load_model(checkpoint).state_dict())
+        self.model.load_broadcast_state(load_model_state(checkpoint))
         state = load_training_state(checkpoint)
         self.optimizer.load_state_dict(state.optimizer)
         if self.ema is not None and state.ema is not None:
@@ -318,7 +319,7 @@ class Trainer:
             self.stopped = f"guard: stopped at iteration {verdict.iteration}: {verdict.reason}; {where}"
             logger.info(self.stopped)  # the terminal gets it once, under the summary table
             return
-        state = load_model(best_dir).broadcast_state()
+        state = load_model_state(best_dir)
         for policy in {id(p): p for p in (self.model, self.sampler, self.previous, self.ema) if p is not None}.values():
             policy.load_broadcast_state(state)
         factor = self.config.guard.rollback_lr_factor

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from spotlight.config import PretrainConfig, dump_config
 from spotlight.evaluation import evaluate
+from spotlight.models.policy import Policy
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
 from spotlight.rl.checkpoint import load_model, save_model
 from spotlight.schema import ConfigError
@@ -80,8 +81,13 @@ def ema_decay_at(step: int, decay: float) -> float:
 
 
 @torch.no_grad()
-def update_ema(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> None:
-    for ema_param, param in zip(ema.parameters(), model.parameters(), strict=True):
+def update_ema(ema: Policy, model: Policy, decay: float) -> None:
+    """Move ``ema``'s trained tensors towards ``model``'s: ``ema <- decay ema + (1 - decay) model``.
+
+    Over ``trainable_parameters()``, not every parameter: a LoRA policy's frozen copies
+    (`spotlight.models.shadow`) hold only their LoRA tensors over the one shared base.
+    """
+    for ema_param, param in zip(ema.trainable_parameters(), model.trainable_parameters(), strict=True):
         ema_param.lerp_(param, 1.0 - decay)
 
 

@@ -134,6 +134,23 @@ def load_model(directory: str | Path, weights_file: str = MODEL_FILE) -> Policy:
     return model
 
 
+def load_model_state(directory: str | Path) -> dict[str, torch.Tensor]:
+    """The trained tensors of a model directory (its ``model.safetensors``), for ``load_broadcast_state``.
+
+    What a process that already holds the policy needs (``--resume``, a rollback to ``best``):
+    `load_model` would build a second policy, and with it a second copy of a LoRA policy's base.
+    """
+    path = resolve_model_dir(directory) / MODEL_FILE
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file {path} is missing: point at a directory made by 'spotlight train' "
+                              f"(it holds {MODEL_CONFIG_FILE} and {MODEL_FILE})")
+    try:
+        return load_file(str(path))
+    except (OSError, SafetensorError) as error:
+        raise CheckpointError(f"checkpoint file {path} is unreadable ({type(error).__name__}: "
+                              f"{' '.join(str(error).split())[:200]}): copy it again in full") from None
+
+
 def read_model_metadata(directory: str | Path) -> dict[str, Any]:
     """The metadata dict stored beside a model's weights."""
     return json.loads((Path(directory) / MODEL_CONFIG_FILE).read_text()).get("metadata", {})
