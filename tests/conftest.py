@@ -23,3 +23,20 @@ def tiny_base_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("base") / "tiny-base"
     save_model(directory, model, {"note": "random test model"})
     return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_pipeline(tmp_path_factory: pytest.TempPathFactory):
+    """``tiny_pipeline(family) -> folder``: a tiny random SD3 / FLUX / Qwen-Image pipeline folder
+    (`spotlight.models.tiny_pipelines`), built at most once per family per test session."""
+    from spotlight.models.tiny_pipelines import save_tiny_pipeline
+
+    root = tmp_path_factory.mktemp("pipelines")
+    built: dict[str, Path] = {}
+
+    def folder(family: str) -> Path:
+        if family not in built:
+            built[family] = save_tiny_pipeline(family, root / family)
+        return built[family]
+
+    return folder
