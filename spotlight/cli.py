@@ -131,7 +131,12 @@ def train(
     Details (Ray's own output, warnings, an unexpected error's traceback) go to RUN_DIR/spotlight.log.
     """
     cfg = load_config(TrainConfig, config, [*(set_ or []), *([f"runtime.address={address}"] if address else [])])
+    from spotlight.models.memory_estimate import cuda_memory_bytes, run_memory_estimate
     from spotlight.pipeline import train as run_train
+
+    estimate = run_memory_estimate(cfg)  # a pipeline folder's needs, read before any weight loads
+    if estimate is not None:
+        print(estimate.summary(cuda_memory_bytes(cfg.device)))
     from spotlight.run_dir import ensure_run_dir
 
     run_log = ensure_run_dir(Path(cfg.run_dir)) / RUN_LOG_NAME  # a run_dir that cannot be used: one line

@@ -1,0 +1,89 @@
+"""The memory estimate: counts read from a folder's headers match the loaded models; the sum matches hand arithmetic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from spotlight.config import TrainConfig, load_config
+from spotlight.models.diffusers_adapter import DiffusersPolicy
+from spotlight.models.diffusers_config import DEFAULT_LORA_TARGETS, DiffusersPolicyConfig
+from spotlight.models.memory_estimate import ModelSizes, estimate_training_memory, model_sizes, run_memory_estimate
+from spotlight.models.tiny_pipelines import save_tiny_pipeline
+
+GIB = 1024**3
+
+
+@pytest.fixture(scope="session")
+def sd3_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_pipeline("sd3", tmp_path_factory.mktemp("memory") / "sd3")
+
+
+def test_counts_from_the_headers_equal_the_loaded_models_parameters(sd3_folder: Path) -> None:
+    from diffusers import DiffusionPipeline
+
+    sizes = model_sizes(sd3_folder, DEFAULT_LORA_TARGETS, rank=4)
+    pipe = DiffusionPipeline.from_pretrained(str(sd3_folder))
+
+    def held(*modules: torch.nn.Module) -> int:  # parameters and persistent buffers (SD3's pos_embed), tied once
+        return sum({t.data_ptr(): t.numel() for m in modules for t in m.state_dict().values()}.values())
+
+    assert sizes.transformer == held(pipe.transformer) > sum(p.numel() for p in pipe.transformer.parameters())
+    assert sizes.vae == held(pipe.vae)
+    assert sizes.text_encoders == held(pipe.text_encoder, pipe.text_encoder_2, pipe.text_encoder_3)
+    policy = DiffusersPolicy.from_config(DiffusersPolicyConfig(family="sd3", pretrained=str(sd3_folder),
+                                                               dtype="float32", lora_rank=4, latent_size=16))
+    assert sizes.lora == sum(p.numel() for p in policy.trainable_parameters())  # peft's own count
+    assert (sizes.blocks, sizes.hidden) == (2, 16)  # 2 joint blocks of 2 heads x 8
+
+
+# SD3.5-Medium-like sizes, so the hand arithmetic below reads like the real case
+SIZES = ModelSizes(transformer=2_500_000_000, text_encoders=5_000_000_000, vae=84_000_000, lora=20_000_000,
+                   blocks=24, hidden=1536)
+
+
+def test_a_lora_run_in_bfloat16_adds_up_by_hand() -> None:
+    estimate = estimate_training_memory(SIZES, dtype="bfloat16", finetune="lora", optimizer="adamw",
+                                        frozen_copies=3, reference=True, tokens=1357, rows=4,
+                                        gradient_checkpointing=False)
+    assert estimate.parts == {
+        "transformer": 5_000_000_000, "text encoders": 10_000_000_000, "vae": 168_000_000,
+        "trained": 80_000_000, "gradients": 80_000_000, "optimizer": 160_000_000,
+        "frozen copies": 240_000_000,  # EMA, θ_old, θ_{i-1} as LoRA tensors; the reference is free
+        "activations": 6_803_324_928,  # 34 x 1357 x 1536 x 24 layers x 4 rows (2-byte activations)
+    }
+    assert estimate.total == 22_531_324_928
+    checkpointed = estimate_training_memory(SIZES, dtype="bfloat16", finetune="lora", optimizer="adamw",
+                                            frozen_copies=3, reference=True, tokens=1357, rows=4,
+                                            gradient_checkpointing=True)
+    # 2 x 1357 x 1536 x 24 x 4 (block inputs) + 34 x 1357 x 1536 x 4 (the block being recomputed)
+    assert checkpointed.parts["activations"] == 400_195_584 + 283_471_872
+
+
+def test_full_fine_tuning_keeps_float32_weights_and_copies() -> None:
+    estimate = estimate_training_memory(SIZES, dtype="bfloat16", finetune="full", optimizer="sgd",
+                                        frozen_copies=1, reference=True, tokens=1357, rows=4,
+                                        gradient_checkpointing=False)
+    assert estimate.parts["transformer"] == 10_000_000_000
+    assert estimate.parts["trained"] == 0
+    assert estimate.parts["gradients"] == estimate.parts["optimizer"] == 10_000_000_000  # sgd: one momentum
+    assert estimate.parts["frozen copies"] == 20_000_000_000  # θ_{i-1} and the reference base
+
+
+def test_a_runs_estimate_reads_its_resolution_text_length_and_minibatch(sd3_folder: Path) -> None:
+    config = load_config(TrainConfig, None, [f"model.pretrained={sd3_folder}", "rollout.resolution=32",
+                                             "train.ema_decay=null", "train.old_policy_decay=0"])
+    estimate = run_memory_estimate(config)
+    assert estimate is not None
+    # 32 px / VAE 2 = 16 x 16 latents = 64 tokens of 2x2, + 256 T5 + 77 CLIP; 16 x 8 samples / 4 minibatches
+    assert estimate.parts["activations"] == 34 * (64 + 333) * 16 * 2 * 32 * 4 // 2
+    lora = model_sizes(sd3_folder, DEFAULT_LORA_TARGETS, 4).lora
+    assert estimate.parts["frozen copies"] == 1 * 4 * lora  # θ_{i-1} alone (no EMA, no trailing θ_old)
+    assert estimate.summary().startswith("memory estimate (trainer device): transformer ")
+    assert "more than the device's 1.0 GiB" not in estimate.summary(GIB)
+    assert "more than the device's 0.0 MiB: set model.gradient_checkpointing=true" in estimate.summary(1)
+    assert run_memory_estimate(load_config(TrainConfig, None, [])) is None  # the toy model
+    bad = load_config(TrainConfig, None, [f"model.pretrained={sd3_folder}", "rollout.resolution=33"])
+    assert run_memory_estimate(bad) is None  # the run's start-up names the resolution in one line
