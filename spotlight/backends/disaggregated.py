@@ -279,7 +279,7 @@ class DisaggregatedBackend:
         samples = []
         for task in tasks:  # θ_s mid-batch; training state offloaded and restored around each unit
             payload = task.payload
-            score, strict = unit_scorer(self.view.reward, payload["prompts"])
+            score, strict = unit_scorer(self.view.reward, payload["prompts"], self.view.model)
             with torch.no_grad():
                 drawn = trainer_assisted_fragment(
                     self.view.model, stream.optimizer, step, step, self.gate, payload["members"],

@@ -29,6 +29,7 @@ import torch
 from spotlight.backends.protocol import TrainerView
 from spotlight.diffusion.sampler import Trajectory
 from spotlight.explore.candidates import exploration_sampling, score_latents
+from spotlight.generation import images_of
 from spotlight.explore.planner import Decision, ExplorePlan, round_budget
 from spotlight.generation import generate
 from spotlight.modes import Mode
@@ -307,7 +308,7 @@ class RayBackend:
         results = ray.get(cluster.queue.results_of.remote(round_.all_ids))  # then freed: a lost answer loses nothing
         cluster.queue.forget.remote(round_.all_ids)
         latents = results_in_order(results, round_.ids, view.model.latent_shape)
-        rewards = score_latents(latents, round_.prompts, view.reward)
+        rewards = score_latents(latents, round_.prompts, view.reward, lambda z: images_of(view.model, z))
         missing = torch.tensor([rid not in results for rid in round_.ids]).reshape(rewards.shape)
         rewards[missing] = math.nan
         exploration = select_explored(rewards, round_.candidates, config,
@@ -358,7 +359,7 @@ class RayBackend:
             return {}
         config, view = self.config, self.view
         latents = results_in_order(results, monitor.ids, view.model.latent_shape)
-        fresh_rewards = score_latents(latents, monitor.prompts, view.reward)
+        fresh_rewards = score_latents(latents, monitor.prompts, view.reward, lambda z: images_of(view.model, z))
         fresh = select_explored(fresh_rewards, monitor.candidates, config,
                                 iteration_generator(config.seed, monitor.target, Stream.SELECTION))
         entry = view.monitor.record(monitor.target, monitor.stale_rewards, fresh_rewards, monitor.stale_seeds,

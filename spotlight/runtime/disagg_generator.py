@@ -24,7 +24,7 @@ import torch
 from spotlight.disagg.generators import ScoreFn, generate_fragment
 from spotlight.disagg.samples import ScoredSample
 from spotlight.explore.candidates import score_latents
-from spotlight.generation import generate, prompt_tokens, to_images
+from spotlight.generation import generate, images_of, prompt_tokens, to_images
 from spotlight.models.policy import Policy
 from spotlight.rewards.base import Reward, guarded_score
 from spotlight.runtime.cores import pin_process
@@ -36,12 +36,16 @@ __all__ = ["GeneratorDevice", "run_task", "unit_scorer", "with_strict"]
 PULL_WAIT_S = 0.5  # how long one pull blocks before the loop checks again (the queue wakes it sooner)
 
 
-def unit_scorer(reward: Reward, prompts: list[str]) -> tuple[ScoreFn, list[bool]]:
-    """A `ScoreFn` for a unit of a batch with ``prompts``, and the list it appends each sample's strict flag to."""
+def unit_scorer(reward: Reward, prompts: list[str], model: Policy | None = None) -> tuple[ScoreFn, list[bool]]:
+    """A `ScoreFn` for a unit of a batch with ``prompts``, and the list it appends each sample's strict flag to.
+
+    ``model``: the policy whose samples these are, for its decoder (a pipeline's VAE); None: pixel space.
+    """
     strict: list[bool] = []
 
     def score(final: torch.Tensor, members) -> list[tuple[float, bool]]:
-        output = guarded_score(reward, to_images(final), [prompts[p] for p, _ in members])
+        images = images_of(model, final) if model is not None else to_images(final)
+        output = guarded_score(reward, images, [prompts[p] for p, _ in members])
         strict.extend(bool(flag) for flag in output.strict)
         return [(float(r), bool(v)) for r, v in zip(output.rewards, output.valid, strict=True)]
 
@@ -59,10 +63,10 @@ def run_task(model: Policy, version: int, task: Task, reward: Reward, version_no
     if task.kind == "explore":
         trajectory = generate(model, [payload["prompt"]] * len(payload["seeds"]), payload["seeds"],
                               payload["plan"], record=False)
-        rewards = score_latents(trajectory.final, [payload["prompt"]], reward)[0]
+        rewards = score_latents(trajectory.final, [payload["prompt"]], reward, lambda z: images_of(model, z))[0]
         return {"kind": "explore", "step": task.step, "prompt_index": task.index, "rewards": rewards,
                 "version": version}
-    score, strict = unit_scorer(reward, payload["prompts"])
+    score, strict = unit_scorer(reward, payload["prompts"], model)
     samples = generate_fragment(model, version, payload["members"], prompt_tokens(model, payload["prompts"]),
                                 payload["seeds"], payload["plan"], score, "generator", version_now=version_now)
     return {"kind": "rollout", "step": task.step, "unit": task.index, "samples": with_strict(samples, strict),
