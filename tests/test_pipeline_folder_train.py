@@ -51,6 +51,18 @@ def test_spotlight_train_runs_two_iterations_on_a_pipeline_folder(family: str, a
     assert description["config"]["family"] == family
 
 
+def test_full_fine_tuning_in_bfloat16_with_gradient_checkpointing_runs(tiny_pipeline, tmp_path: Path) -> None:
+    """Every transformer weight trained (float32 master weights, the forward under bfloat16 autocast), the
+    EMA and the previous weights as frozen copies of all of them."""
+    run_dir = tmp_path / "run"
+    result = train("-s", f"model.pretrained={tiny_pipeline('flux')}", "-s", "iterations=2", "-s", "mode=vanilla",
+                   "-s", f"run_dir={run_dir}", "-s", "model.finetune=full", "-s", "model.gradient_checkpointing=true",
+                   "-s", "model.autocast=true", "-s", "dtype=bfloat16", "-s", "rollout.guidance_scale=3.5")
+    assert result.exit_code == 0, result.output
+    weights = json.loads((run_dir / "checkpoints" / "iter-000002" / "model.json").read_text())["config"]
+    assert weights["finetune"] == "full" and weights["dtype"] == "bfloat16"
+
+
 def test_a_folder_that_is_not_a_pipeline_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "weights.safetensors").write_bytes(b"")
     line = one_line_error(train("-s", f"model.pretrained={tmp_path}", "-s", f"run_dir={tmp_path / 'run'}"))

@@ -219,8 +219,12 @@ class DiffusersPolicy(nn.Module):
     # --- LoRA weights ---------------------------------------------------------------------------
 
     def trainable_parameters(self) -> list[nn.Parameter]:
-        """The parameters an optimizer should step: the LoRA A and B matrices, nothing of the base."""
-        return [parameter for parameter in self.parameters() if parameter.requires_grad]
+        """The parameters an optimizer steps: the LoRA A and B matrices (``finetune: full``: every transformer
+        weight). Chosen by role, not by ``requires_grad``, so a frozen copy lists the same tensors in the same
+        order, which is what an EMA or a soft update pairs up."""
+        if self.config.finetune == "full":
+            return list(self.transformer.parameters())
+        return [parameter for name, parameter in self.transformer.named_parameters() if ".lora_" in name]
 
     def lora_state_dict(self) -> dict[str, torch.Tensor]:
         """The LoRA tensors in peft's adapter-name-free key format, detached CPU copies."""
