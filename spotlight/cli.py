@@ -349,6 +349,23 @@ def serve_reward(
         server.server_close()
 
 
+@app.command("make-tiny-pipeline")
+def make_tiny_pipeline(
+    family: Annotated[str, typer.Argument(help="sd3, flux or qwen-image.")],
+    folder: Annotated[Path, typer.Argument(help="Where to save it (created; must be empty or absent).")],
+    seed: Annotated[int, typer.Option(help="Every random weight is drawn from this seed.")] = 0,
+) -> None:
+    """Save a tiny random diffusers pipeline folder (real classes, a few layers) for model.pretrained, no download."""
+    from spotlight.models.tiny_pipelines import FAMILIES, save_tiny_pipeline
+
+    if family not in FAMILIES:
+        _fail(ValueError(f"unknown family {family!r}: use one of {', '.join(FAMILIES)}"))
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        _fail(ValueError(f"{folder} exists and is not an empty folder: pass a new folder"))
+    save_tiny_pipeline(family, folder, seed)  # type: ignore[arg-type]
+    console.print(f"wrote a tiny {family} pipeline to {folder} (spotlight train -s model.pretrained={folder})")
+
+
 def main() -> None:
     """``python -m spotlight`` (and ``python -m spotlight.cli``): the ``spotlight`` command."""
     app(prog_name="spotlight")

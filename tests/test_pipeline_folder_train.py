@@ -98,3 +98,13 @@ def test_guidance_without_a_pipeline_is_one_line(tmp_path: Path) -> None:
     line = one_line_error(train("-s", "model.family=sd3", "-s", "rollout.guidance_scale=3",
                                 "-s", f"run_dir={tmp_path / 'run'}"))
     assert "rollout.guidance_scale" in line and "model.pretrained" in line
+
+
+def test_make_tiny_pipeline_writes_a_folder_train_reads(tmp_path: Path) -> None:
+    from spotlight.models.pipeline_folder import read_pipeline_folder
+
+    result = runner.invoke(app, ["make-tiny-pipeline", "qwen-image", str(tmp_path / "qwen")])
+    assert result.exit_code == 0, result.output
+    assert read_pipeline_folder(tmp_path / "qwen").family == "qwen-image"
+    assert one_line_error(runner.invoke(app, ["make-tiny-pipeline", "sdxl", str(tmp_path / "x")])).endswith(
+        "use one of sd3, flux, qwen-image")
