@@ -324,23 +324,33 @@ def report(
 
 @app.command("serve-reward")
 def serve_reward(
-    task: Annotated[str, typer.Option(help="Whose reward to serve: shapes (GenEval-style) or ocr.")] = "ocr",
+    config: ConfigOption = None,
+    set_: SetOption = None,
+    task: Annotated[str, typer.Option(help="Without -c: whose toy reward to serve, shapes or ocr.")] = "ocr",
+    device: Annotated[str | None, typer.Option(help="Where the reward's models run (cpu, cuda:1); "
+                                                     "default: reward.device.")] = None,
     host: Annotated[str, typer.Option(help="Address to bind; the service has no authentication.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port (0 picks a free one).")] = 8765,
     max_batch: Annotated[int, typer.Option(help="Most samples scored in one call of the reward.")] = 256,
     max_wait_ms: Annotated[float, typer.Option(help="How long a request waits for others to join its batch.")] = 10,
+    max_image_side: Annotated[int, typer.Option(help="Largest image side accepted (-c rewards take any size).")] = 2048,
 ) -> None:
-    """Serve a task's reward over HTTP (POST /score, GET /health) for HTTPReward clients."""
-    from spotlight.rewards.server import RewardServer
-    from spotlight.tasks.registry import get_task
+    """Serve a reward over HTTP (POST /score, GET /health) for HTTPReward clients (reward.name: http).
 
+    With -c, the reward the config's reward: section names (built-in, composite or pkg.module:function)
+    at any image size; without, the toy task's reward at its task's image size.
+    """
+    from spotlight.rewards.serve import served_reward
+    from spotlight.rewards.server import RewardServer, ServerLimits
+
+    cfg = load_config(TrainConfig, config, set_) if config is not None or set_ else None
+    served = served_reward(cfg, task, device)  # a bad model folder or function: one line
     try:
-        served = get_task(task)  # images of another size are answered as invalid samples, never scored
-        server = RewardServer(served.make_reward(0.0), host, port, max_batch, max_wait_ms / 1000,
-                              image_size=served.image_size)
+        server = RewardServer(served.reward, host, port, max_batch, max_wait_ms / 1000,
+                              image_size=served.image_size, limits=ServerLimits(max_image_side=max_image_side))
     except (ValueError, OSError) as error:
         _fail(RuntimeError(f"cannot serve on {host}:{port} ({error}); pick another --port or a known --task"))
-    console.print(f"serving the {task} reward at {server.url} (Ctrl-C stops)")
+    console.print(f"serving {served.description} at {server.url} (Ctrl-C stops)")
     try:
         server.serve_forever()
     except KeyboardInterrupt:

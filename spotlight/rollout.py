@@ -18,6 +18,7 @@ from spotlight.generation import generate, images_of, prompt_tokens
 from spotlight.loop_model import LoopModel
 from spotlight.models.pipeline_folder import read_pipeline_folder
 from spotlight.rewards.base import Reward, guarded_score
+from spotlight.rewards.composite import term_metrics
 from spotlight.rl.advantages import group_advantages
 from spotlight.rl.grpo import RolloutBatch
 
@@ -99,6 +100,7 @@ def score_rollout(model: LoopModel, prompts: list[str], seeds: torch.Tensor, tra
     valid = scored.valid.reshape(num_prompts, group_size)
     advantages = group_advantages(rewards, valid, config.train.adv_std, config.train.adv_clip)
     metrics = rollout_metrics(rewards, valid, scored.strict.reshape(num_prompts, group_size))
+    metrics.update(term_metrics(scored))  # a composite reward's terms, one by one
     batch = RolloutBatch(
         # nft trains the conditional velocity (CFG-free, as DiffusionNFT); flow-grpo the guided step it sampled
         latents=trajectory.latents, log_probs=trajectory.log_probs,

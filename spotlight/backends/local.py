@@ -16,7 +16,8 @@ import torch
 from spotlight.backends.protocol import TrainerView
 from spotlight.diffusion.sampler import Trajectory
 from spotlight.explore.planner import ExplorePlan
-from spotlight.generation import generate
+from spotlight.generation import generate, to_images
+from spotlight.rewards.overlap import sample_and_prefetch
 from spotlight.rollout import group_requests, rollout_plan
 from spotlight.seed_choice import Exploration, explore
 from spotlight.streams import Stream, candidate_seeds, iteration_generator
@@ -60,9 +61,13 @@ class LocalBackend:
         return exploration
 
     def rollout(self, iteration: int, prompts: list[str], seeds: torch.Tensor) -> Trajectory:
-        """All groups sampled here with θ_i."""
+        """All groups sampled here with θ_i; with reward.overlap, chunk by chunk, each scored while the next samples."""
         self._rollout_started = time.perf_counter()
-        return generate(self.view.model, *group_requests(prompts, seeds), rollout_plan(self.view.config))
+        expanded, flat_seeds = group_requests(prompts, seeds)
+        plan, model = rollout_plan(self.view.config), self.view.model
+        return sample_and_prefetch(expanded, seeds.shape[1], self.view.config.reward.overlap_groups,
+                                   lambda rows: generate(model, expanded[rows], flat_seeds[rows], plan), to_images,
+                                   self.view.reward)
 
     def training_started(self, iteration: int, budget_s: float) -> None:
         """Nothing runs beside training in one process; the rollout phase (sampling and scoring) ends here."""

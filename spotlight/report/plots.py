@@ -144,6 +144,15 @@ def reward_variance(runs: list[Run]) -> Panel:
                         ("rollout/group_reward_std", "mean group reward std")])
 
 
+def reward_terms(runs: list[Run]) -> Panel:
+    """Each term of a composite reward (reward.weights) on its own axes: which term the policy moves."""
+    title = "Reward terms per iteration (reward.weights)"
+    terms = sorted({key for run in runs for row in run.rows for key in row if key.startswith("rollout/reward/")})
+    if not terms:
+        return Panel("reward-terms", title, None, f"{NOT_LOGGED}: no run has a composite reward (reward.weights)")
+    return _line_panel("reward-terms", title, runs, [(term, term.removeprefix("rollout/reward/")) for term in terms])
+
+
 def planner_decisions(runs: list[Run]) -> Panel:
     return _line_panel("planner", "Planner decisions per iteration", runs,
                        [("planner/num_candidates", "N candidates"), ("planner/num_steps", "S steps")], step=True,
@@ -249,5 +258,6 @@ def utilisation_timeline(runs: list[Run]) -> Panel:
 
 def all_panels(runs: list[Run]) -> list[Panel]:
     """Every plot of the report, in page order."""
-    return [accuracy_vs_wall_time(runs), accuracy_vs_cost(runs), reward_variance(runs), utilisation_timeline(runs),
+    return [accuracy_vs_wall_time(runs), accuracy_vs_cost(runs), reward_variance(runs), reward_terms(runs),
+            utilisation_timeline(runs),
             planner_decisions(runs), kendall_tau(runs)]

@@ -47,3 +47,10 @@ class CompositeReward:
             terms[term] = out.rewards
             errors += [f"{line} [{term}]" for line in out.errors]
         return RewardOutput(total, strict & valid, valid, errors, terms)
+
+
+def term_metrics(out: RewardOutput, prefix: str = "rollout/reward/") -> dict[str, float]:
+    """The mean of each term over the valid samples, as `prefix + term` (what metrics.jsonl logs); {} for one reward."""
+    if not out.valid.any():
+        return {}
+    return {prefix + term: float(values[out.valid].mean()) for term, values in out.terms.items()}

@@ -34,7 +34,8 @@ class HTTPReward:
     timeout_s bounds each attempt as a whole (connect, send, wait, read: a server that drips its answer
     cannot stretch it); retries is the number of attempts after the first; concurrency is the number of
     requests in flight at once (the server merges them into batches); an answer larger than
-    max_response_bytes is refused unread.
+    max_response_bytes is refused unread. A request carries at most max_request_images images and
+    about max_request_bytes of encoded pixels, whichever is fewer (at least one image).
     """
 
     uses_metadata = True  # passed on to the server when the prompts have it
@@ -42,7 +43,7 @@ class HTTPReward:
 
     def __init__(self, url: str, name: str = "http", timeout_s: float = 60.0, retries: int = 2,
                  backoff_s: float = 0.5, max_request_images: int = 64, concurrency: int = 4,
-                 max_response_bytes: int = 16 * 1024 * 1024) -> None:
+                 max_response_bytes: int = 16 * 1024 * 1024, max_request_bytes: int = 32 * 1024 * 1024) -> None:
         if timeout_s <= 0 or retries < 0 or max_request_images < 1 or concurrency < 1:
             raise ValueError("HTTPReward needs timeout_s > 0, retries >= 0, max_request_images >= 1 and "
                              f"concurrency >= 1 (got {timeout_s}, {retries}, {max_request_images}, {concurrency})")
@@ -54,6 +55,7 @@ class HTTPReward:
         self.max_request_images = max_request_images
         self.concurrency = concurrency
         self.max_response_bytes = max_response_bytes
+        self.max_request_bytes = max_request_bytes
 
     def _post(self, body: bytes, batch: int) -> RewardOutput:
         """One attempt; raises RequestFailed saying whether a retry may help."""
@@ -100,7 +102,9 @@ class HTTPReward:
         if images.shape[0] != len(prompts):
             raise ValueError(f"got {images.shape[0]} images but {len(prompts)} prompts; pass one per image")
         records = None if metadata is None else list(metadata)
-        step = self.max_request_images
+        # large images (1024 px: 4 MiB of base64 each) would overflow the server's body limit at 64 per request
+        encoded_bytes = 4 * images[0].numel() // 3 + 1 if len(prompts) else 1
+        step = max(1, min(self.max_request_images, self.max_request_bytes // encoded_bytes))
         starts = list(range(0, len(prompts), step))
         chunks = [(images[start : start + step], prompts[start : start + step],
                    None if records is None else records[start : start + step]) for start in starts]
@@ -108,7 +112,7 @@ class HTTPReward:
             outputs = list(pool.map(lambda chunk: self._score_request(*chunk), chunks))
         errors = []
         for start, out in zip(starts, outputs, strict=True):
-            errors += [_shift_sample_index(line, start) for line in out.errors]
+            errors += [shift_sample_index(line, start) for line in out.errors]
         # a failed request has no terms: its samples are invalid, so zeros stand in for them
         names = list(dict.fromkeys(term for out in outputs for term in out.terms))
         terms = {term: torch.cat([out.terms.get(term, torch.zeros(out.rewards.shape[0])) for out in outputs])
@@ -121,7 +125,7 @@ class HTTPReward:
         )
 
 
-def _shift_sample_index(line: str, offset: int) -> str:
+def shift_sample_index(line: str, offset: int) -> str:
     """'sample i ...' of a request as 'sample offset+i ...' of the whole batch (other lines unchanged)."""
     words = line.split(" ", 2)
     if len(words) == 3 and words[0] == "sample" and words[1].isdigit():

@@ -19,7 +19,12 @@ def build_reward(section: RewardSection, task_default: TaskReward | None = None)
 
     Model folders are checked here, so a missing or wrong folder fails at start-up in one line, not
     at the first rollout; an `http` reward's server must answer /health now, for the same reason.
+    With `reward.overlap` the reward is built in a worker process instead (`pool.PooledReward`).
     """
+    if section.overlap:
+        from spotlight.rewards.pool import PooledReward
+
+        return PooledReward(section, task_default, section.worker_core)
     if section.weights is not None:
         from spotlight.rewards.composite import CompositeReward
 

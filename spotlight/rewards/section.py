@@ -69,8 +69,10 @@ class RewardSection(Section):
     device: str = "cpu"  # where model-based rewards run: cpu, cuda, cuda:1
     batch_size: int = Field(32, ge=1)  # images per forward pass of a model-based reward
     models: RewardModelsSection = RewardModelsSection()
-    # score each finished chunk of a rollout on a reward worker while the next chunk is sampled
+    # score each finished chunk of a rollout in a reward worker process while the next chunk is sampled
     overlap: bool = False
+    overlap_groups: int = Field(4, ge=1)  # groups per chunk handed to the worker
+    worker_core: int | None = Field(None, ge=0)  # the worker process's core (null: not pinned)
 
     @field_validator("name")
     @classmethod
