@@ -58,6 +58,7 @@ def _worker(section_json: str, task_default: Any, core: int | None, jobs: Any, r
 class _Prefetched:
     images: torch.Tensor
     prompts: list[str]
+    metadata: list[dict[str, Any]] | None
     result: Future
 
 
@@ -116,13 +117,19 @@ class PooledReward:
     def prefetch(self, images: torch.Tensor, prompts: Sequence[str],
                  metadata: Sequence[Metadata] | None = None) -> None:
         """Start scoring a finished chunk; a later `score` of these chunks, in order, collects them."""
-        self._prefetched.append(_Prefetched(images.detach().cpu(), list(prompts),
+        records = None if metadata is None else [dict(m) for m in metadata]
+        self._prefetched.append(_Prefetched(images.detach().cpu(), list(prompts), records,
                                             self.submit(images, prompts, metadata)))
 
-    def _take_prefetched(self, images: torch.Tensor, prompts: Sequence[str]) -> list[Future] | None:
-        """The futures of the prefetched chunks if they are exactly (images, prompts), else None (and forget them)."""
+    def _take_prefetched(self, images: torch.Tensor, prompts: Sequence[str],
+                         metadata: Sequence[Metadata] | None) -> list[Future] | None:
+        """The futures of the prefetched chunks if they are exactly (images, prompts, metadata), else None
+        (and forget them): a caller that adds metadata only when it scores gets a fresh, right score."""
         chunks, self._prefetched = self._prefetched, []
         if not chunks or [p for chunk in chunks for p in chunk.prompts] != list(prompts):
+            return None
+        prefetched_metadata = None if chunks[0].metadata is None else [m for c in chunks for m in c.metadata or []]
+        if prefetched_metadata != (None if metadata is None else [dict(m) for m in metadata]):
             return None
         if not torch.equal(torch.cat([chunk.images for chunk in chunks]), images.detach().cpu()):
             return None
@@ -131,7 +138,7 @@ class PooledReward:
     def score(self, images: torch.Tensor, prompts: Sequence[str],
               metadata: Sequence[Metadata] | None = None) -> RewardOutput:
         """The prefetched chunks' outputs when they are this batch; otherwise the worker scores it now."""
-        futures = self._take_prefetched(images, prompts) or [self.submit(images, prompts, metadata)]
+        futures = self._take_prefetched(images, prompts, metadata) or [self.submit(images, prompts, metadata)]
         outputs = [future.result() for future in futures]
         errors, start = [], 0
         for out in outputs:
@@ -140,6 +147,10 @@ class PooledReward:
         terms = {term: torch.cat([out.terms[term] for out in outputs]) for term in outputs[0].terms}
         return RewardOutput(torch.cat([o.rewards for o in outputs]), torch.cat([o.strict for o in outputs]),
                             torch.cat([o.valid for o in outputs]), errors, terms)
+
+    def __reduce__(self) -> Any:
+        raise RewardError("reward.overlap keeps the reward in a worker process of the trainer and cannot be sent "
+                          "to other processes (mode disaggregated scores on its generators): set reward.overlap false")
 
     def close(self) -> None:
         """Stop the worker and the collector."""

@@ -63,3 +63,17 @@ def test_a_batch_other_than_the_prefetched_one_is_scored_afresh(pooled):
 def test_a_worker_that_cannot_build_its_reward_fails_in_one_line(tmp_path):
     with pytest.raises(RewardError, match=r"reward worker: RewardError: reward.models.clip .* does not exist"):
         PooledReward(RewardSection(name="clipscore", models={"clip": str(tmp_path / "none")}))
+
+
+def test_metadata_added_only_at_scoring_time_is_scored_afresh_not_taken_from_the_prefetch():
+    reward = PooledReward(RewardSection(name="reward_functions:brightness", overlap=True))
+    try:
+        images = torch.stack([torch.full((3, 4, 4), 0.25), torch.full((3, 4, 4), 0.5)])
+        reward.prefetch(images, ["a", "b"])  # no metadata yet: bonus 0
+        out = guarded_score(reward, images, ["a", "b"], [{"bonus": 1}, {}])
+        torch.testing.assert_close(out.rewards, torch.tensor([1.25, 0.5]))
+        with pytest.raises(RewardError, match="set reward.overlap false"):
+            import pickle
+            pickle.dumps(reward)
+    finally:
+        reward.close()
