@@ -44,7 +44,8 @@ def _worker(section_json: str, task_default: Any, core: int | None, jobs: Any, r
     except Exception as error:  # the parent raises it as one line
         results.put(("failed", f"{type(error).__name__}: {' '.join(str(error).split())}"))
         return
-    results.put(("ready", reward.name, bool(getattr(reward, "uses_metadata", False))))
+    results.put(("ready", reward.name, bool(getattr(reward, "uses_metadata", False)),
+                 bool(getattr(reward, "requires_metadata", True))))
     for job in iter(jobs.get, None):
         job_id, pixels, prompts, metadata = job
         try:
@@ -81,8 +82,7 @@ class PooledReward:
         if first[0] == "failed":
             self._process.join(timeout=5)
             raise RewardError(f"reward worker: {first[1]}")
-        _, inner_name, self.uses_metadata = first
-        self.requires_metadata = False
+        _, inner_name, self.uses_metadata, self.requires_metadata = first  # as the reward inside
         self.name = f"pooled[{inner_name}]"
         self._ids = itertools.count()
         self._pending: dict[int, Future] = {}
