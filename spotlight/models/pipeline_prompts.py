@@ -18,9 +18,10 @@ cached rows equal the pipeline's own embeddings bit for bit.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -44,12 +45,13 @@ def prompt_id(prompt: str) -> int:
 class PromptCache:
     """Text -> prompt id -> ``PromptEmbeddings`` rows, encoded by the folder's pipeline (text encoders only).
 
-    ``device``: where the text encoders run while encoding; with ``offload`` they go back to the CPU
-    after every encoding call. The cached rows stay on the CPU in the encoders' dtype.
+    ``device``: where the text encoders run while encoding; with ``offload`` (the default) they go back
+    to the CPU after every call that encoded new prompts, so on a GPU they hold no memory between
+    encodings. The cached rows stay on the CPU in the encoders' dtype.
     """
 
     def __init__(self, folder: PipelineFolder, dtype: torch.dtype, max_sequence_length: int | None = None,
-                 device: torch.device | str = "cpu", offload: bool = False) -> None:
+                 device: torch.device | str = "cpu", offload: bool = True) -> None:
         self.folder = folder
         self.family = folder.family
         self.dtype = dtype
@@ -88,52 +90,64 @@ class PromptCache:
                     component.requires_grad_(False).eval()
         return self._pipe
 
-    def _encode(self, prompt: str) -> PromptEmbeddings:
+    @contextlib.contextmanager
+    def _encoding(self) -> Iterator[Any]:
+        """The pipeline on ``device`` for one batch of new prompts (then back to the CPU with ``offload``),
+        its per-prompt truncation warnings muted: the length is the user's choice (max_sequence_length)."""
         pipe = self._pipeline()
         if self.device.type != "cpu":
             pipe.to(self.device)
-        # the pipelines warn of every prompt their max_sequence_length truncates; once per prompt
-        # in a training run is noise: the length is the user's choice (model.max_sequence_length)
         pipeline_log = logging.getLogger(type(pipe).__module__)
         level = pipeline_log.level
         pipeline_log.setLevel(logging.ERROR)
         try:
             with torch.no_grad():
-                if self.family == "sd3":
-                    embeds, _, pooled, _ = pipe.encode_prompt(
-                        prompt=[prompt], prompt_2=None, prompt_3=None, device=self.device,
-                        do_classifier_free_guidance=False, max_sequence_length=self.max_sequence_length)
-                    row = PromptEmbeddings(embeds=embeds, pooled=pooled)
-                elif self.family == "flux":
-                    embeds, pooled, _ = pipe.encode_prompt(prompt=[prompt], prompt_2=None, device=self.device,
-                                                           max_sequence_length=self.max_sequence_length)
-                    row = PromptEmbeddings(embeds=embeds, pooled=pooled)
-                else:
-                    embeds, mask = pipe.encode_prompt(prompt=[prompt], device=self.device,
-                                                      max_sequence_length=self.max_sequence_length)
-                    if mask is not None:  # one prompt: padding only if the pipeline kept some; drop it
-                        embeds = embeds[:, : int(mask[0].sum())]
-                    row = PromptEmbeddings(embeds=embeds)
+                yield pipe
         finally:
             pipeline_log.setLevel(level)
             if self.offload and self.device.type != "cpu":
                 pipe.to("cpu")
+
+    def _encode(self, pipe: Any, prompt: str) -> PromptEmbeddings:
+        """``pipe.encode_prompt`` of one prompt, as the family's pipeline calls it; rows on the CPU."""
+        if self.family == "sd3":
+            embeds, _, pooled, _ = pipe.encode_prompt(
+                prompt=[prompt], prompt_2=None, prompt_3=None, device=self.device,
+                do_classifier_free_guidance=False, max_sequence_length=self.max_sequence_length)
+            row = PromptEmbeddings(embeds=embeds, pooled=pooled)
+        elif self.family == "flux":
+            embeds, pooled, _ = pipe.encode_prompt(prompt=[prompt], prompt_2=None, device=self.device,
+                                                   max_sequence_length=self.max_sequence_length)
+            row = PromptEmbeddings(embeds=embeds, pooled=pooled)
+        else:
+            embeds, mask = pipe.encode_prompt(prompt=[prompt], device=self.device,
+                                              max_sequence_length=self.max_sequence_length)
+            if mask is not None:  # one prompt: padding only if the pipeline kept some; drop it
+                embeds = embeds[:, : int(mask[0].sum())]
+            row = PromptEmbeddings(embeds=embeds)
         return row.to(device="cpu")
 
     def ids(self, prompts: Sequence[str]) -> torch.Tensor:
-        """Prompt ids (B,) int64 of ``prompts``, encoding (once) each prompt not yet cached."""
-        ids = []
+        """Prompt ids (B,) int64 of ``prompts``, encoding (once) each prompt not yet cached.
+
+        The new prompts of one call are encoded with the encoders moved to ``device`` once, so warming
+        the cache with a whole prompt list (``ids(train + test)``) costs one move, not one per prompt.
+        """
+        keys = []
         for prompt in prompts:
             if not isinstance(prompt, str):
                 raise TypeError(f"prompts must be strings (got {type(prompt).__name__}): pass the prompt texts")
             key = prompt_id(prompt)
-            if key not in self._rows:
-                self._rows[key] = self._encode(prompt)
-                self._texts[key] = prompt
-            elif self._texts[key] != prompt:  # 2^-63 per pair; refuse rather than condition on the wrong text
+            if key in self._texts and self._texts[key] != prompt:  # 2^-63 a pair; never condition on another text
                 raise RuntimeError(f"prompts {self._texts[key]!r} and {prompt!r} hash to the same id: report this")
-            ids.append(key)
-        return torch.tensor(ids, dtype=torch.int64)
+            self._texts.setdefault(key, prompt)
+            keys.append(key)
+        new = [key for key in dict.fromkeys(keys) if key not in self._rows]
+        if new:
+            with self._encoding() as pipe:
+                for key in new:
+                    self._rows[key] = self._encode(pipe, self._texts[key])
+        return torch.tensor(keys, dtype=torch.int64)
 
     def release(self) -> None:
         """Drop the text encoders: the cached prompts stay usable, a new prompt raises."""

@@ -179,3 +179,13 @@ def test_the_forward_answers_on_the_callers_device_and_dtype(tiny_pipeline) -> N
     x = initial_latents([0], policy.latent_shape).double()
     velocity = policy(x, torch.ones(1), policy.tokenize([PROMPT]))
     assert velocity.dtype == torch.float64 and velocity.device == x.device
+
+
+def test_released_text_encoders_serve_cached_prompts_and_refuse_new_ones(tiny_pipeline) -> None:
+    policy = pipeline_policy(tiny_pipeline("flux"), "flux")
+    rows = policy.tokenize([PROMPT, "a blue square", PROMPT])  # warm the cache (one encoding pass)
+    assert rows[0, 0] == rows[2, 0] and rows[0, 0] != rows[1, 0]
+    policy.prompts.release()
+    assert torch.equal(policy.tokenize([PROMPT]), rows[:1])
+    with pytest.raises(RuntimeError, match="text encoders were released"):
+        policy.tokenize(["a prompt never seen"])
