@@ -40,7 +40,8 @@ def distribution(values: list[float]) -> dict[str, object]:
     def quantile(q: float) -> float:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
-    histogram = {f"[{low:.1f},{high:.1f})": sum(low <= v < high for v in values) for low, high in zip(BINS, BINS[1:])}
+    histogram = {f"[{low:.1f},{high:.1f})": sum(low <= v < high for v in values)
+                 for low, high in zip(BINS, BINS[1:], strict=False)}
     histogram["1.0"] = sum(v == 1.0 for v in values)
     return {"n": len(values), "mean": statistics.fmean(values), "min": ordered[0], "p10": quantile(0.1),
             "median": quantile(0.5), "p90": quantile(0.9), "max": ordered[-1], "histogram": histogram}
@@ -69,11 +70,11 @@ def main() -> None:
         rewards += out.rewards.tolist()
         strict += out.strict.tolist()
 
-    right = [r for r, s in zip(rewards, scenes) if s.correct]
-    wrong = [r for r, s in zip(rewards, scenes) if not s.correct]
+    right = [r for r, s in zip(rewards, scenes, strict=True) if s.correct]
+    wrong = [r for r, s in zip(rewards, scenes, strict=True) if not s.correct]
     by_angle: dict[str, list[float]] = defaultdict(list)
     by_font: dict[str, list[float]] = defaultdict(list)
-    for value, scene in zip(rewards, scenes):
+    for value, scene in zip(rewards, scenes, strict=True):
         if scene.correct:
             by_angle["0" if scene.angle == 0 else "<=15" if abs(scene.angle) <= 15 else ">15"].append(value)
             by_font[scene.font].append(value)
@@ -82,19 +83,20 @@ def main() -> None:
         "config": {"scenes": args.scenes, "batch": args.batch, "threads": args.threads, "seed": args.seed,
                    "size": 512, "reward": "ocr (rapidocr PP-OCRv4 det + rec, flow_grpo scoring)"},
         "right": distribution(right), "wrong": distribution(wrong),
-        "right_exact": sum(s for s, sc in zip(strict, scenes) if sc.correct) / len(right),
-        "wrong_exact": sum(s for s, sc in zip(strict, scenes) if not sc.correct) / len(wrong),
+        "right_exact": sum(s for s, sc in zip(strict, scenes, strict=True) if sc.correct) / len(right),
+        "wrong_exact": sum(s for s, sc in zip(strict, scenes, strict=True) if not sc.correct) / len(wrong),
         "gap": statistics.fmean(right) - statistics.fmean(wrong),
         "right_by_angle": {k: statistics.fmean(v) for k, v in sorted(by_angle.items())},
         "right_by_font": {k: statistics.fmean(v) for k, v in sorted(by_font.items())},
         "scoring_s": scoring_s, "images_per_s": len(scenes) / scoring_s,
-        "worst_right": sorted(((r, s.painted, s.font, s.font_size, round(s.angle)) for r, s in zip(rewards, scenes)
-                               if s.correct))[:10],
+        "worst_right": sorted((r, s.painted, s.font, s.font_size, round(s.angle))
+                              for r, s in zip(rewards, scenes, strict=True) if s.correct)[:10],
     }
     for name in ("right", "wrong"):
         d = result[name]
         print(f"{name:5s} n={d['n']} mean={d['mean']:.3f} min={d['min']:.2f} p10={d['p10']:.2f} "
-              f"median={d['median']:.2f} p90={d['p90']:.2f}  exact={result[name + '_exact']:.3f}  hist={d['histogram']}")
+              f"median={d['median']:.2f} p90={d['p90']:.2f}  exact={result[name + '_exact']:.3f}  "
+              f"hist={d['histogram']}")
     print(f"gap (right mean - wrong mean) = {result['gap']:.3f}")
     print("right by rotation:", {k: round(v, 3) for k, v in result["right_by_angle"].items()})
     print("right by font:", {k: round(v, 3) for k, v in result["right_by_font"].items()})

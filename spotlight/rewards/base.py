@@ -18,7 +18,6 @@ from typing import Any, Protocol
 
 import torch
 
-
 Metadata = Mapping[str, Any]  # one prompt's record, e.g. GenEval's {"tag": ..., "include": [...]}
 
 

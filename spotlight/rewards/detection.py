@@ -10,7 +10,6 @@ checkpoint comes closest to the official numbers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np

@@ -120,6 +120,6 @@ class SceneOCRReward:
     def score(self, images: torch.Tensor, prompts: Sequence[str]) -> RewardOutput:
         targets = [quoted_text(prompt) for prompt in prompts]
         recognised = self.reader.read(images)
-        rewards = torch.tensor([scene_ocr_score(text, target) for text, target in zip(recognised, targets, strict=True)],
-                               dtype=torch.float32)
+        pairs = zip(recognised, targets, strict=True)
+        rewards = torch.tensor([scene_ocr_score(text, target) for text, target in pairs], dtype=torch.float32)
         return RewardOutput(rewards, rewards == 1.0, torch.ones(len(prompts), dtype=torch.bool))

@@ -131,9 +131,9 @@ class Batcher:
         start = 0
         for job in jobs:
             stop = start + len(job.prompts)
+            terms = {term: values[start:stop].clone() for term, values in out.terms.items()}
             job.result.set_result(RewardOutput(out.rewards[start:stop].clone(), out.strict[start:stop].clone(),
-                                               out.valid[start:stop].clone(), _errors_for(out, start, stop),
-                                               {term: values[start:stop].clone() for term, values in out.terms.items()}))
+                                               out.valid[start:stop].clone(), _errors_for(out, start, stop), terms))
             start = stop
 
 

@@ -5,7 +5,7 @@ import torch
 
 def brightness(images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> list[float]:
     """The mean pixel of each image, plus 1 when the metadata says so: reads all three arguments."""
-    return [float(image.mean()) + float(record.get("bonus", 0)) for image, record in zip(images, metadata)]
+    return [float(image.mean()) + float(record.get("bonus", 0)) for image, record in zip(images, metadata, strict=True)]
 
 
 def one_short(images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> list[float]:

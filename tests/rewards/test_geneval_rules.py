@@ -10,8 +10,15 @@ evaluate_images.py, worked out by hand in each test.
 import numpy as np
 import pytest
 
-from spotlight.rewards.geneval_rules import (COLORS, MAX_OBJECTS, Detection, check_metadata, judge, kept_objects,
-                                             relative_position)
+from spotlight.rewards.geneval_rules import (
+    COLORS,
+    MAX_OBJECTS,
+    Detection,
+    check_metadata,
+    judge,
+    kept_objects,
+    relative_position,
+)
 
 RGB = {"red": (220, 20, 20), "green": (20, 180, 20), "blue": (20, 20, 220), "purple": (128, 0, 160),
        "black": (5, 5, 5), "white": (250, 250, 250), "yellow": (240, 230, 20), "orange": (255, 140, 0),
@@ -116,7 +123,8 @@ def test_color_attribution_binds_each_colour_to_its_object():
     meta = {"tag": "color_attr", "include": [{"class": "tennis racket", "count": 1, "color": "purple"},
                                              {"class": "sink", "count": 1, "color": "black"}]}
     canvas = Canvas()
-    ok = [canvas.paint("tennis racket", (10, 10, 80, 80), "purple"), canvas.paint("sink", (120, 120, 200, 200), "black")]
+    ok = [canvas.paint("tennis racket", (10, 10, 80, 80), "purple"),
+          canvas.paint("sink", (120, 120, 200, 200), "black")]
     assert verdict(canvas, ok, meta).correct
     canvas = Canvas()
     swapped = [canvas.paint("tennis racket", (10, 10, 80, 80), "black"),

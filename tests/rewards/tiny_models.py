@@ -20,8 +20,15 @@ assert "mouse" in GENEVAL_NAMES
 def save_tiny_clip(folder: Path, seed: int = 0, image_size: int = 32) -> Path:
     """A 2-layer CLIPModel (32-px images) with a word-level tokenizer and a CLIP processor, in `folder`."""
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import (CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor, CLIPTextConfig,
-                              CLIPVisionConfig, PreTrainedTokenizerFast)
+    from transformers import (
+        CLIPConfig,
+        CLIPImageProcessor,
+        CLIPModel,
+        CLIPProcessor,
+        CLIPTextConfig,
+        CLIPVisionConfig,
+        PreTrainedTokenizerFast,
+    )
 
     words = ["<pad>", "<unk>", "<s>", "</s>", *sorted({w for w in (
         "a photo of depicts the sign that says hello world red orange yellow green blue purple pink brown black "
@@ -48,8 +55,12 @@ def save_tiny_clip(folder: Path, seed: int = 0, image_size: int = 32) -> Path:
 
 def save_tiny_mask2former(folder: Path, seed: int = 0) -> Path:
     """A Mask2Former (1-block Swin, 2 decoder layers, 8 queries) over TINY_DETECTOR_LABELS, with its processor."""
-    from transformers import (Mask2FormerConfig, Mask2FormerForUniversalSegmentation, Mask2FormerImageProcessor,
-                              SwinConfig)
+    from transformers import (
+        Mask2FormerConfig,
+        Mask2FormerForUniversalSegmentation,
+        Mask2FormerImageProcessor,
+        SwinConfig,
+    )
 
     torch.manual_seed(seed)
     backbone = SwinConfig(image_size=64, patch_size=4, embed_dim=16, depths=[1, 1, 1, 1], num_heads=[1, 1, 2, 2],
