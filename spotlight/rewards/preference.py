@@ -42,14 +42,32 @@ def _cosines(clip: CLIP, images: torch.Tensor, texts: Sequence[str], batch_size:
     return (image_embeddings * text_embeddings).sum(dim=-1)
 
 
-class PickScoreReward:
-    """logit_scale x cos(image, prompt) / 26 (module docstring)."""
+class CosineReward:
+    """A reward of cos(image, text(prompt)) under a CLIP: subclasses say which text and which scale."""
 
-    name = "pickscore"
+    name = "cosine"
     has_strict = False
 
     def __init__(self, clip: CLIP, batch_size: int = 32) -> None:
         self.clip, self.batch_size = clip, batch_size
+
+    def text(self, prompt: str) -> str:
+        return prompt
+
+    def from_cosine(self, cosines: torch.Tensor) -> torch.Tensor:
+        return cosines
+
+    def score(self, images: torch.Tensor, prompts: Sequence[str]) -> RewardOutput:
+        cosines = _cosines(self.clip, images, [self.text(prompt) for prompt in prompts], self.batch_size)
+        batch = len(prompts)
+        return RewardOutput(self.from_cosine(cosines), torch.zeros(batch, dtype=torch.bool),
+                            torch.ones(batch, dtype=torch.bool))
+
+
+class PickScoreReward(CosineReward):
+    """logit_scale x cos(image, prompt) / 26 (module docstring)."""
+
+    name = "pickscore"
 
     @classmethod
     def from_folder(cls, folder: str | None, processor_folder: str | None, device: str = "cpu",
@@ -57,27 +75,21 @@ class PickScoreReward:
         return cls(load_clip(folder, "reward.models.pickscore", "yuvalkirstain/PickScore_v1", device,
                              processor_folder), batch_size)
 
-    def score(self, images: torch.Tensor, prompts: Sequence[str]) -> RewardOutput:
-        rewards = self.clip.logit_scale * _cosines(self.clip, images, list(prompts), self.batch_size) / PICKSCORE_SCALE
-        batch = len(prompts)
-        return RewardOutput(rewards, torch.zeros(batch, dtype=torch.bool), torch.ones(batch, dtype=torch.bool))
+    def from_cosine(self, cosines: torch.Tensor) -> torch.Tensor:
+        return self.clip.logit_scale * cosines / PICKSCORE_SCALE
 
 
-class CLIPScoreReward:
+class CLIPScoreReward(CosineReward):
     """2.5 x max(cos(image, 'A photo depicts ' + prompt), 0) (module docstring)."""
 
     name = "clipscore"
-    has_strict = False
-
-    def __init__(self, clip: CLIP, batch_size: int = 32) -> None:
-        self.clip, self.batch_size = clip, batch_size
 
     @classmethod
     def from_folder(cls, folder: str | None, device: str = "cpu", batch_size: int = 32) -> CLIPScoreReward:
         return cls(load_clip(folder, "reward.models.clip", "openai/clip-vit-large-patch14", device), batch_size)
 
-    def score(self, images: torch.Tensor, prompts: Sequence[str]) -> RewardOutput:
-        texts = [CLIPSCORE_PREFIX + prompt for prompt in prompts]
-        rewards = CLIPSCORE_W * _cosines(self.clip, images, texts, self.batch_size).clamp(min=0)
-        batch = len(prompts)
-        return RewardOutput(rewards, torch.zeros(batch, dtype=torch.bool), torch.ones(batch, dtype=torch.bool))
+    def text(self, prompt: str) -> str:
+        return CLIPSCORE_PREFIX + prompt
+
+    def from_cosine(self, cosines: torch.Tensor) -> torch.Tensor:
+        return CLIPSCORE_W * cosines.clamp(min=0)
