@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from spotlight.http_fetch import FetchError, fetch
@@ -36,16 +37,18 @@ def free_port(host: str = "127.0.0.1") -> int:
 class RewardSupervisor:
     """Runs ``spotlight serve-reward --task task`` on ``host:port`` and restarts it when it exits (module docstring).
 
-    ``startup_s``: how long a (re)started server may take to answer ``/health``.
+    ``startup_s``: how long a (re)started server may take to answer ``/health``; ``serve_args``: more
+    arguments of serve-reward, e.g. ``["-c", "reward.yaml", "--device", "cuda:1"]`` to serve a config's reward.
     """
 
     def __init__(self, task: str, port: int, host: str = "127.0.0.1", check_s: float = 0.2,
-                 startup_s: float = 60.0, log_path: Path | None = None) -> None:
+                 startup_s: float = 60.0, log_path: Path | None = None, serve_args: Sequence[str] = ()) -> None:
         if port <= 0:
             raise SupervisorError(f"RewardSupervisor needs a fixed port (got {port}): a restarted server must "
                                   "answer at the same address; pick one with free_port()")
         self.task, self.host, self.port = task, host, port
         self.check_s, self.startup_s, self.log_path = check_s, startup_s, log_path
+        self.serve_args = list(serve_args)
         self.restarts = 0
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -92,7 +95,7 @@ class RewardSupervisor:
         output = open(self.log_path, "ab") if self.log_path is not None else subprocess.DEVNULL  # noqa: SIM115
         try:
             return subprocess.Popen([sys.executable, "-m", "spotlight", "serve-reward", "--task", self.task,
-                                     "--host", self.host, "--port", str(self.port)],
+                                     "--host", self.host, "--port", str(self.port), *self.serve_args],
                                     stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         finally:
             if output is not subprocess.DEVNULL:

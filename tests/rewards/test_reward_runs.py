@@ -127,3 +127,17 @@ def test_a_composite_run_logs_each_term_in_metrics_and_the_report(tiny_clip, tmp
         assert record["rollout/reward_mean"] == pytest.approx(expected, abs=1e-5)
     panel = reward_terms([load_run(summary.run_dir)])
     assert panel.png is not None and panel.note == ""
+
+
+@pytest.mark.slow
+def test_the_supervisor_serves_a_config_reward_given_serve_args(monkeypatch):
+    from spotlight.rewards.supervisor import RewardSupervisor
+
+    monkeypatch.setenv("PYTHONPATH", str(HERE))
+    supervisor = RewardSupervisor("shapes", free_port(), serve_args=["-s", "reward.name=reward_functions:brightness"])
+    try:
+        reward = build_reward(RewardSection(name="http", url=supervisor.url))
+        out = guarded_score(reward, torch.full((2, 3, 60, 100), 0.2), ["a", "b"])  # not the shapes task's 32x32
+        torch.testing.assert_close(out.rewards, torch.full((2,), 51 / 255))
+    finally:
+        supervisor.close()
