@@ -12,6 +12,7 @@ from typing import Any
 
 from spotlight.runtime.agent import NodeAgentActor
 from spotlight.runtime.elastic_sp import ElasticSPSettings
+from spotlight.runtime.ray_nodes import patient_start
 
 __all__ = ["LocalSpotNodes"]
 
@@ -36,9 +37,10 @@ class LocalSpotNodes:
         with self._lock:
             self._incarnations += 1
             resource = f"spot_{node_id}_{self._incarnations}"
-            self._nodes[node_id] = self.cluster.add_node(
-                wait=False, num_cpus=self.cpus_per_node, resources={"spot": 1, resource: 1}
-            )
+            with patient_start(settings.agent_start_s):  # Ray's own 30 s registration wait fails under load
+                self._nodes[node_id] = self.cluster.add_node(
+                    wait=False, num_cpus=self.cpus_per_node, resources={"spot": 1, resource: 1}
+                )
         return NodeAgentActor.options(num_cpus=0, resources={resource: 0.01}).remote(
             node_id, settings.devices_per_node, num_threads=settings.num_threads,
             collective_timeout_s=settings.collective_timeout_s,

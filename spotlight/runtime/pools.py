@@ -33,6 +33,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from spotlight.market.billing import DeviceLedger
 from spotlight.runtime.device import DeviceCall, SpotDevice
 from spotlight.runtime.events import EventLog
+from spotlight.runtime.ray_nodes import NodeStartError, start_node
 from spotlight.runtime.worker import WorkerSettings
 
 __all__ = ["CallResult", "LocalCluster", "PoolError", "SpotPool", "attach_cluster", "spot_nodes"]
@@ -82,22 +83,24 @@ class LocalCluster:
     """Logical Ray nodes on this machine: an on-demand head and spot nodes that come and go."""
 
     def __init__(self, object_store_mb: int = 200, node_timeout_s: float = 120.0,
-                 system_config: dict[str, Any] | None = None) -> None:
+                 system_config: dict[str, Any] | None = None, spot_gpus: int = 0) -> None:
         from ray.cluster_utils import Cluster
 
         kwargs = _init_kwargs()  # system_config: Ray's cluster-wide settings (e.g. a tolerant health check)
         self._loopback_only = _loopback_only()
         self._object_store = object_store_mb * 1024 * 1024
         self._node_timeout_s = node_timeout_s
+        self._spot_gpus = spot_gpus  # GPUs each spot node offers (device: cuda), for its device's num_gpus
+        # The head is started without Ray's fixed 30 s wait and awaited for node_timeout_s (ray_nodes.py).
+        self.cluster = Cluster(initialize_head=False)
         try:
-            self.cluster = Cluster(initialize_head=True, head_node_args={
-                "num_cpus": 1, "resources": {"on_demand": 1}, "include_dashboard": False,
-                "object_store_memory": self._object_store,
-                **({"_system_config": system_config} if system_config else {})})
-        except Exception as error:  # Ray raises a bare Exception when its node misses its 30 s start-up
+            start_node(self.cluster, node_timeout_s, "the on-demand head node", num_cpus=1,
+                       resources={"on_demand": 1}, include_dashboard=False, object_store_memory=self._object_store,
+                       **({"_system_config": system_config} if system_config else {}))
+        except NodeStartError as error:
+            self._loopback_only()
             load = os.getloadavg()[0]
-            raise PoolError(f"Ray could not start the on-demand head node ({error}); load average {load:.1f} on "
-                            f"{os.cpu_count()} cores: retry when the machine is less busy") from None
+            raise PoolError(f"{error} (load average {load:.1f} on {os.cpu_count()} cores)") from None
         # Spot nodes are added by the controller thread, and Ray's per-node exit hooks install a SIGTERM
         # handler, which only the main thread may do: they go without, and atexit stops them instead.
         self.cluster._shutdown_at_exit = False
@@ -111,16 +114,10 @@ class LocalCluster:
         if name in self._nodes:
             raise PoolError(f"spot node {name} is already live; remove it before adding it again")
         try:
-            node = self.cluster.add_node(num_cpus=1, resources={"spot": 1}, object_store_memory=self._object_store,
-                                         wait=False)
-        except Exception as error:  # Ray's start-up timeout is a bare Exception
-            raise PoolError(f"spot node {name} failed to start ({error}); the machine is overloaded") from None
-        deadline = time.monotonic() + self._node_timeout_s
-        while not any(n["NodeID"] == node.node_id and n["Alive"] for n in ray.nodes()):
-            if time.monotonic() > deadline:
-                raise PoolError(f"spot node {name} did not join within {self._node_timeout_s:.0f} s: the machine "
-                                "is overloaded; retry, or raise runtime.node_timeout_s")
-            time.sleep(0.05)
+            node = start_node(self.cluster, self._node_timeout_s, f"spot node {name}", num_cpus=1,
+                              num_gpus=self._spot_gpus, resources={"spot": 1}, object_store_memory=self._object_store)
+        except NodeStartError as error:
+            raise PoolError(str(error)) from None
         self._nodes[name] = node
         return node.node_id
 
@@ -233,8 +230,8 @@ class SpotPool:
             device_id = f"spot-{self._started}"
             core = self.core_of(self._started) if self.core_of is not None else None
             self._started += 1
-            handle = SpotDevice.options(
-                num_cpus=1, resources={"spot": 1}, max_restarts=0,
+            handle = SpotDevice.options(  # device: cuda asks Ray for a GPU, which the device's policy uses
+                num_cpus=1, num_gpus=1 if self.settings.device == "cuda" else 0, resources={"spot": 1}, max_restarts=0,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
             ).remote(device_id, self.queue, self.model_config, self.settings, core=core)
             slot = _DeviceSlot(device_id, node, handle, ref=handle.ready.remote(), phase="start")

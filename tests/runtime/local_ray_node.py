@@ -8,6 +8,10 @@ from contextlib import contextmanager
 
 import ray
 
+from spotlight.runtime.ray_nodes import patient_start
+
+NODE_START_S = 240.0  # a bound for failing on a machine too busy to start Ray at all, not a wait
+
 
 @contextmanager
 def local_ray(num_cpus: int, resources: dict[str, float]) -> Iterator[None]:
@@ -17,8 +21,9 @@ def local_ray(num_cpus: int, resources: dict[str, float]) -> Iterator[None]:
     down with ``ray.shutdown()`` (never ``ray stop``, which kills every Ray process on the machine).
     """
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(address="local", num_cpus=num_cpus, resources=resources, include_dashboard=False,
-             logging_level="ERROR", log_to_driver=False)
+    with patient_start(NODE_START_S):  # waits on the node's readiness, not Ray's fixed 30 s (ray_nodes.py)
+        ray.init(address="local", num_cpus=num_cpus, resources=resources, include_dashboard=False,
+                 logging_level="ERROR", log_to_driver=False)
     try:
         yield
     finally:

@@ -16,9 +16,11 @@ from metadata_services import AwsImdsPerNode, FakeMetadata, iso
 
 from spotlight.config import TrainConfig, parse_config
 from spotlight.pipeline import Trainer
+from spotlight.runtime.ray_nodes import start_node
 
 NOTICE_S = 120.0  # what AWS gives a spot instance
 TIME_SCALE = 1 / 40  # the test plays those 120 s in 3 s
+NODE_START_S = 240.0  # a bound for failing, not a wait: a node is used as soon as it is alive
 
 
 def attach_config(base: Path, run_dir: Path, address: str, metadata_url: str) -> TrainConfig:
@@ -48,11 +50,11 @@ def test_an_attached_cluster_hears_a_notice_over_http_drains_the_node_and_uses_a
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     imds = AwsImdsPerNode()
     server = FakeMetadata(imds.respond)
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "resources": {"on_demand": 1}, "include_dashboard": False, "object_store_memory": 200 << 20})
+    cluster = Cluster()  # every node is awaited on its readiness, not on Ray's fixed 30 s (ray_nodes.py)
+    start_node(cluster, NODE_START_S, "head", num_cpus=1, resources={"on_demand": 1}, include_dashboard=False,
+               object_store_memory=200 << 20)
     spot = {"num_cpus": 1, "resources": {"spot": 1}, "object_store_memory": 200 << 20}
-    node_a, node_b = cluster.add_node(**spot), cluster.add_node(**spot)
-    cluster.wait_for_nodes()
+    node_a, node_b = (start_node(cluster, NODE_START_S, name, **spot) for name in ("spot node A", "spot node B"))
     run_dir = tmp_path / "run"
     trainer = Trainer(attach_config(tiny_base_model, run_dir, cluster.address, server.url + "/{node_id}"))
     runtime = trainer.backend.cluster  # the pools, the queue and the open exploration round
@@ -74,7 +76,7 @@ def test_an_attached_cluster_hears_a_notice_over_http_drains_the_node_and_uses_a
             assert flipped, "A and B never held exploration leases at the same time"
             time.sleep(max(0.0, flipped["deadline"] + 0.5 - time.time()))
             cluster.remove_node(node_a, allow_graceful=False)  # the cloud takes the VM
-            node_c.append(cluster.add_node(**spot))
+            node_c.append(start_node(cluster, NODE_START_S, "spot node C", **spot))
             # C's device starts (a process that imports torch) and loads θ_1 while training waits here, so
             # the next iterations' rollouts can use it; B and C idle = C joined and holds the weights.
             ready_by = time.monotonic() + 240
