@@ -59,3 +59,14 @@ def test_the_shipped_ocr_base_model_is_an_ocr_model_of_32x128_lines() -> None:
 
     model = load_model("ocr-base")
     assert task_of(model) is TASKS["ocr"] and model.config.latent_shape == (3, 32, 128)
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_each_task_is_a_preset_of_a_dataset_a_reward_and_a_shipped_base_model(name: str) -> None:
+    from spotlight.rl.checkpoint import load_model
+
+    task = get_task(name)
+    dataset = task.dataset()
+    assert dataset.train and dataset.test and not set(dataset.train) & set(dataset.test)
+    assert task.make_reward(0.5).name
+    assert task_of(load_model(task.base_model)) is task  # the base model was trained with this task's tokenizer
