@@ -66,3 +66,32 @@ def test_spotlight_mode_trains_a_pipeline_folder_and_a_spot_device_rebuilds_it(t
     finally:
         cluster.shutdown()
     assert not ray.is_initialized(), "the run or the cluster left Ray running"
+
+
+@pytest.mark.slow
+def test_spot_nodes_offer_a_gpu_and_spot_devices_take_it_when_the_policy_is_on_cuda() -> None:
+    """device: cuda reaches Ray as resources (logical GPUs: this test needs no GPU); the device then moves its
+    policy there (model_from_weights(..., settings.device)) when its first weights arrive."""
+    import time
+
+    from spotlight.market.billing import DeviceLedger
+    from spotlight.market.prices import default_prices
+    from spotlight.runtime.events import EventLog
+    from spotlight.runtime.pools import SpotPool
+    from spotlight.runtime.section import RuntimeSection
+
+    prices = RuntimeSection().prices
+    cluster = LocalCluster(node_timeout_s=240.0, spot_gpus=1)
+    try:
+        node_id = cluster.add_spot_node("node0")
+        assert next(n for n in ray.nodes() if n["NodeID"] == node_id)["Resources"].get("GPU") == 1.0
+        pool = SpotPool(start_queue_actor(resource="on_demand"), {"image_size": 8}, WorkerSettings(device="cuda"),
+                        DeviceLedger(default_prices(prices.instance, prices.on_demand_per_gpu_hour,
+                                                    prices.spot_per_gpu_hour)),
+                        EventLog(None), lambda: 0.0, time.time())
+        pool.node_added("node0", node_id)
+        device = next(iter(pool._devices.values()))
+        assert ray.get(device.ref, timeout=240.0) == device.device_id  # scheduled: the node had the GPU it asked for
+        assert ray.available_resources().get("GPU", 0.0) == 0.0  # and it holds it
+    finally:
+        cluster.shutdown()

@@ -106,7 +106,7 @@ class SpotDevice:
         """
         start = time.time()
         if self.model is None:
-            self.model = model_from_weights(self.model_config, weights)
+            self.model = model_from_weights(self.model_config, weights, self.settings.device)
             self.clock = ComputeClock(self.model)
         else:
             self.model.load_broadcast_state({name: torch.from_numpy(np.array(array))

@@ -105,8 +105,9 @@ class SpotCluster:
     def _start(self, model: Any, core_of: Callable[[int], int | None]) -> None:
         section = self.section
         availability: Availability | None = None
+        device = next(model.parameters()).device.type  # spot devices run where the trainer's policy runs
         if section.address is None:
-            self.cluster = LocalCluster(node_timeout_s=section.node_timeout_s,
+            self.cluster = LocalCluster(node_timeout_s=section.node_timeout_s, spot_gpus=int(device == "cuda"),
                                         system_config=SP_HEAD_SYSTEM_CONFIG if section.sp_degree > 1 else None)
             if self.num_spot and section.trace is not None:
                 availability = resolve_trace(section.trace, "runtime.trace (null: no preemptions)").clipped(
@@ -123,7 +124,7 @@ class SpotCluster:
                 initial_ids, initial = {}, {}
         self.queue = start_durable_queue_actor(self._queue_log_path(), section.lease_timeout_s, resource="on_demand")
         settings = WorkerSettings(capacity=section.worker_capacity, forward_batch=section.forward_batch,
-                                  heartbeat_s=1.0, idle_wait_s=0.02, min_step_s=section.min_step_s)
+                                  heartbeat_s=1.0, idle_wait_s=0.02, min_step_s=section.min_step_s, device=device)
         local = section.address is None  # attached spot nodes are machines of their own: Ray places them
         self.pool = SpotPool(self.queue, model.config, settings, self.ledger, self.events, self.now,
                              self.epoch0, core_of=core_of if local else lambda k: None)

@@ -69,7 +69,8 @@ class WorkerSettings:
     progress every that many steps while keeping the lease, so a worker lost without notice costs at
     most that many steps (None: commit only on a notice). ``min_step_s``: lower bound on one pass's
     wall time, which lets a CPU emulate a slower accelerator so that preemptions land mid-sample in
-    tests and local demos (0: as fast as the CPU goes).
+    tests and local demos (0: as fast as the CPU goes). ``device``: where the device's policy runs (the
+    trainer's device type; a pool asks Ray for a GPU when it is cuda).
     """
 
     capacity: int = 16
@@ -78,6 +79,7 @@ class WorkerSettings:
     idle_wait_s: float = 0.1
     checkpoint_every: int | None = None
     min_step_s: float = 0.0
+    device: str = "cpu"  # where the policy runs: the config's device (cuda: the GPU Ray gave the actor)
 
     def __post_init__(self) -> None:
         if self.capacity < 1:
@@ -170,14 +172,17 @@ def model_weights(model: Policy) -> dict[str, np.ndarray]:
     return {name: tensor.detach().cpu().numpy() for name, tensor in model.broadcast_state().items()}
 
 
-def model_from_weights(config: ModelConfig | dict[str, Any], weights: dict[str, np.ndarray]) -> Policy:
-    """Rebuild a policy in eval mode from its config (a policy's ``.config``) and `model_weights` arrays.
+def model_from_weights(config: ModelConfig | dict[str, Any], weights: dict[str, np.ndarray],
+                       device: str = "cpu") -> Policy:
+    """Rebuild a policy in eval mode on ``device`` from its config (a policy's ``.config``) and `model_weights` arrays.
 
     The arrays from Ray's object store are read-only views of shared memory; they are copied into
-    the model's own parameters.
+    the model's own parameters. (A policy on a GPU takes the loop's CPU latents and answers on the CPU.)
     """
     model = policy_from_config(config)
     model.load_broadcast_state({name: torch.tensor(array) for name, array in weights.items()})
+    if device != "cpu":
+        model = model.to(device)
     return model.eval()
 
 
@@ -302,7 +307,7 @@ class DenoiseWorker:
         torch.set_num_threads(num_threads)  # Ray's OMP_NUM_THREADS and a reused process's count are not ours
         self.worker_id = worker_id
         self.settings = settings or WorkerSettings()
-        self.model = model_from_weights(model_config, weights)
+        self.model = model_from_weights(model_config, weights, self.settings.device)
         self.weights_version = weights_version
         self.queue = RemoteQueue(queue)
         self.preempted = threading.Event()
