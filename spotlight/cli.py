@@ -21,6 +21,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from spotlight import errors
+from spotlight.cli_help import APP_HELP, FAMILY_HELP, MODES_HELP, TASK_HELP, TRAIN_DEFAULT_RUN, TRAIN_HELP
 from spotlight.config import PretrainConfig, TrainConfig, load_config
 from spotlight.modes import Mode
 from spotlight.run_log import RUN_LOG_NAME, log_to, output_to_log
@@ -61,15 +62,14 @@ class SpotlightGroup(TyperGroup):
             raise typer.Exit(errors.EXIT_UNEXPECTED) from None
 
 
-app = typer.Typer(cls=SpotlightGroup, add_completion=False, no_args_is_help=True,
-                  help="Spotlight: Flow-GRPO post-training of DiTs.")
+app = typer.Typer(cls=SpotlightGroup, add_completion=False, no_args_is_help=True, help=APP_HELP)
 
 
-@app.callback()
+@app.callback(help=APP_HELP)  # help texts name the code's own lists (cli_help.py)
 def _options(ctx: typer.Context, debug: Annotated[bool, typer.Option(
         "--debug", help="On an unexpected error, print the traceback too (it is always in the log file).")] = False,
 ) -> None:
-    """Spotlight: Flow-GRPO post-training of DiTs."""
+    """Options of every command; keeps what the failure handler needs in ``ctx.obj``."""
     ctx.obj = CommandState(debug=debug)
 
 
@@ -115,7 +115,7 @@ def _summary_table(summary: Any) -> Table:
     return table
 
 
-@app.command()
+@app.command(help=f"{TRAIN_HELP}\n\n{TRAIN_DEFAULT_RUN}")
 def train(
     ctx: typer.Context,
     config: ConfigOption = None,
@@ -124,12 +124,7 @@ def train(
     address: Annotated[str | None, typer.Option(
         help="Attach to a running Ray cluster ('auto'); default: a local cluster of logical nodes.")] = None,
 ) -> None:
-    """Post-train the base model with Flow-GRPO (modes: spotlight, spot-rollout, vanilla, sync-explore, stale-explore).
-
-    With no arguments: mode spotlight on a local Ray cluster (one on-demand device, one spot device, a
-    real spot trace replayed 60x faster), stopping after runtime.max_wall_s, then an HTML report.
-    Details (Ray's own output, warnings, an unexpected error's traceback) go to RUN_DIR/spotlight.log.
-    """
+    """Post-train the base model (the help text is written from the code's lists: cli_help.TRAIN_HELP)."""
     cfg = load_config(TrainConfig, config, [*(set_ or []), *([f"runtime.address={address}"] if address else [])])
     from spotlight.models.memory_estimate import cuda_memory_bytes, run_memory_estimate
     from spotlight.pipeline import train as run_train
@@ -250,7 +245,7 @@ def _parse_modes(modes: str) -> list[Mode]:
 def simulate(
     config: ConfigOption = None,
     set_: SetOption = None,
-    modes: Annotated[str, typer.Option(help="Comma-separated modes to compare.")] = ALL_SIM_MODES,
+    modes: Annotated[str, typer.Option(help=f"Comma-separated modes to compare, from {MODES_HELP}.")] = ALL_SIM_MODES,
     out: Annotated[Path | None, typer.Option(help="Write every mode's summary and timeline as JSON.")] = None,
 ) -> None:
     """Simulate the loop at cluster scale: time, dollars and utilisation to target for each mode."""
@@ -326,7 +321,7 @@ def report(
 def serve_reward(
     config: ConfigOption = None,
     set_: SetOption = None,
-    task: Annotated[str, typer.Option(help="Without -c: whose toy reward to serve, shapes or ocr.")] = "ocr",
+    task: Annotated[str, typer.Option(help=f"Without -c: whose toy reward to serve, {TASK_HELP}.")] = "ocr",
     device: Annotated[str | None, typer.Option(help="Where the reward's models run (cpu, cuda:1); "
                                                      "default: reward.device.")] = None,
     host: Annotated[str, typer.Option(help="Address to bind; the service has no authentication.")] = "127.0.0.1",
@@ -361,7 +356,7 @@ def serve_reward(
 
 @app.command("make-tiny-pipeline")
 def make_tiny_pipeline(
-    family: Annotated[str, typer.Argument(help="sd3, flux or qwen-image.")],
+    family: Annotated[str, typer.Argument(help=f"{FAMILY_HELP}.")],
     folder: Annotated[Path, typer.Argument(help="Where to save it (created; must be empty or absent).")],
     seed: Annotated[int, typer.Option(help="Every random weight is drawn from this seed.")] = 0,
 ) -> None:
