@@ -46,11 +46,17 @@ def sha256_of(path: Path) -> str:
 
 
 def write_manifest(directory: Path) -> None:
-    """Sync every file of ``directory`` and write ``manifest.json`` (their sizes and SHA-256), synced last."""
+    """Sync every file of ``directory`` and write ``manifest.json`` (their sizes and SHA-256), synced last.
+
+    Files in sub-folders count too, under their relative path (a fully fine-tuned policy's
+    ``transformer/`` folder, which diffusers loads), and the sub-folders' entries are synced.
+    """
     files = {}
-    for path in sorted(p for p in directory.iterdir() if p.is_file() and p.name != MANIFEST_FILE):
+    for path in sorted(p for p in directory.rglob("*") if p.is_file() and p != directory / MANIFEST_FILE):
         fsync_file(path)
-        files[path.name] = {"bytes": path.stat().st_size, "sha256": sha256_of(path)}
+        files[path.relative_to(directory).as_posix()] = {"bytes": path.stat().st_size, "sha256": sha256_of(path)}
+    for folder in sorted((p for p in directory.rglob("*") if p.is_dir()), reverse=True):
+        fsync_dir(folder)
     manifest = directory / MANIFEST_FILE
     manifest.write_text(json.dumps({"format": MANIFEST_FORMAT, "files": files}, indent=1))
     fsync_file(manifest)

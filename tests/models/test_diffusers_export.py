@@ -13,7 +13,7 @@ from spotlight.models.diffusers_config import DiffusersPolicyConfig
 from spotlight.models.diffusers_export import DIFFUSERS_LORA_FILE, save_transformer_folder
 from spotlight.models.diffusers_inputs import PromptEmbeddings, transformer_velocity
 from spotlight.models.tiny_pipelines import FAMILIES, save_tiny_pipeline
-from spotlight.rl.checkpoint import replace_model, save_training_checkpoint
+from spotlight.rl.checkpoint import checkpoint_problem, replace_model, save_training_checkpoint
 from spotlight.rl.manifest import MANIFEST_FILE
 
 LATENT = 16  # the tiny pipelines' 32-pixel images
@@ -93,3 +93,7 @@ def test_a_fully_fine_tuned_checkpoint_holds_a_transformer_folder_that_from_pret
                                    policy(x, sigma, cond), rtol=0, atol=1e-6)
     save_transformer_folder(policy.transformer, checkpoint)  # a second export replaces the first whole
     assert not list(checkpoint.glob(".transformer-*"))
+    assert checkpoint_problem(checkpoint) is None  # the manifest lists transformer/'s files
+    weights = checkpoint / "transformer" / "diffusion_pytorch_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-10])
+    assert "transformer/diffusion_pytorch_model.safetensors has" in checkpoint_problem(checkpoint)
