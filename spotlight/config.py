@@ -106,6 +106,9 @@ class TrainSection(Section):
     # warmed up as min(decay, (1 + i) / (10 + i)): a fixed 0.95 from iteration 0 kept the EMA near the
     # base model for the first ~40 iterations and hid what the raw model did
     ema_decay: float | None = Field(0.95, ge=0, lt=1)
+    # rows per forward/backward inside a minibatch (null: the whole minibatch): memory for a large model
+    # at a high resolution; the optimizer step is the minibatch's either way (spotlight/rl/micro_batch.py)
+    micro_batch_size: int | None = Field(None, ge=1)
     # The sampling policy θ_old (rollouts, exploration, NFT's v_old, Flow-GRPO's old log-probs) follows the
     # trained θ as θ_old ← d θ_old + (1 - d) θ after every update, d ramped linearly from 0 to
     # old_policy_decay over old_policy_warmup iterations (DiffusionNFT's soft update). 0: θ_old = θ_i,

@@ -18,6 +18,7 @@ import torch
 from spotlight.diffusion.steps import sde_step
 from spotlight.models.policy import Policy
 from spotlight.rl.loss import clipped_policy_loss, gaussian_step_kl
+from spotlight.rl.micro_batch import micro_batches
 
 
 class GRPOHyperparameters(Protocol):
@@ -106,7 +107,9 @@ def grpo_update(
 
     The batch is shuffled into ``num_minibatches``; each takes one optimizer step after accumulating
     gradients over the chosen timesteps. The loss of each (sample, step) is averaged, not summed,
-    over timesteps so that the learning rate does not depend on how many steps are trained.
+    over timesteps so that the learning rate does not depend on how many steps are trained. With
+    ``config.micro_batch_size`` each step's rows go through the model that many at a time, their
+    losses weighted by their share of the minibatch (the same gradient, less memory).
     """
     num_samples, num_steps = batch.log_probs.shape
     if batch.stochastic_steps is not None:
@@ -119,25 +122,28 @@ def grpo_update(
     for rows in minibatches:
         optimizer.zero_grad(set_to_none=True)
         for step in timesteps:
-            log_prob, mean, std = step_log_prob_and_mean(model, batch, rows, step)
-            policy = clipped_policy_loss(log_prob, batch.log_probs[rows, step], batch.advantages[rows],
-                                         config.clip_range)
-            loss = policy.loss
-            kl = torch.zeros((), device=loss.device)
-            if reference is not None and config.kl_beta > 0:
-                with torch.no_grad():
-                    _, reference_mean, _ = step_log_prob_and_mean(reference, batch, rows, step)
-                # Flow-GRPO's KL divides the mean gap by the diffusion coefficient g² (std² / |dt|), not by
-                # the step variance: without the |dt| the same kl_beta weighed 12-28x more on 10 steps
-                step_size = float(batch.sigmas[step] - batch.sigmas[step + 1])
-                kl = gaussian_step_kl(mean, reference_mean, std).mean() * step_size
-                loss = loss + config.kl_beta * kl
-            (loss / len(timesteps)).backward()
-            totals["loss"] += float(loss.detach())
-            totals["policy_loss"] += float(policy.loss.detach())
-            totals["kl"] += float(kl.detach())
-            totals["clip_fraction"] += float(policy.clip_fraction)
-            totals["ratio"] += float(policy.ratio_mean)
+            for part in micro_batches(len(rows), config):  # memory's share of the rows; one step for all
+                weight = (part.stop - part.start) / len(rows)
+                micro = rows[part]
+                log_prob, mean, std = step_log_prob_and_mean(model, batch, micro, step)
+                policy = clipped_policy_loss(log_prob, batch.log_probs[micro, step], batch.advantages[micro],
+                                             config.clip_range)
+                loss = policy.loss
+                kl = torch.zeros((), device=loss.device)
+                if reference is not None and config.kl_beta > 0:
+                    with torch.no_grad():
+                        _, reference_mean, _ = step_log_prob_and_mean(reference, batch, micro, step)
+                    # Flow-GRPO's KL divides the mean gap by the diffusion coefficient g² (std² / |dt|), not by
+                    # the step variance: without the |dt| the same kl_beta weighed 12-28x more on 10 steps
+                    step_size = float(batch.sigmas[step] - batch.sigmas[step + 1])
+                    kl = gaussian_step_kl(mean, reference_mean, std).mean() * step_size
+                    loss = loss + config.kl_beta * kl
+                (loss / len(timesteps) if weight == 1.0 else loss * (weight / len(timesteps))).backward()
+                totals["loss"] += weight * float(loss.detach())
+                totals["policy_loss"] += weight * float(policy.loss.detach())
+                totals["kl"] += weight * float(kl.detach())
+                totals["clip_fraction"] += weight * float(policy.clip_fraction)
+                totals["ratio"] += weight * float(policy.ratio_mean)
             terms += 1
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         totals["grad_norm"] += float(grad_norm) * len(timesteps)

@@ -27,6 +27,7 @@ import torch
 
 from spotlight.models.policy import Policy
 from spotlight.rl.grpo import RolloutBatch
+from spotlight.rl.micro_batch import micro_batches
 
 
 class NFTHyperparameters(Protocol):
@@ -74,6 +75,35 @@ def nft_loss(
     return optimality * positive_error + (1.0 - optimality) * negative_error
 
 
+def accumulate_nft_gradients(
+    model: Policy, old_model: Policy, reference: Policy | None, noisy: torch.Tensor, sigma: torch.Tensor,
+    tokens: torch.Tensor, target: torch.Tensor, r: torch.Tensor, config: NFTHyperparameters,
+) -> tuple[float, float | None]:
+    """Back-propagate one minibatch's NFT loss (+ ``nft_kl_beta`` KL) in micro-batches; its loss and KL.
+
+    Equal to one backward of the whole minibatch's mean loss (every term is a mean over rows of equal size).
+    """
+    rows = noisy.shape[0]
+    loss_total, kl_total = 0.0, None
+    for part in micro_batches(rows, config):
+        weight = (part.stop - part.start) / rows
+        with torch.no_grad():
+            old_velocity = old_model(noisy[part], sigma[part], tokens[part])
+        velocity = model(noisy[part], sigma[part], tokens[part])
+        loss = nft_loss(velocity, old_velocity, target[part], r[part], config.nft_beta).mean()
+        if config.nft_kl_beta > 0:
+            if reference is None:
+                raise ValueError("train.nft_kl_beta > 0 needs the frozen base as reference")
+            with torch.no_grad():
+                reference_velocity = reference(noisy[part], sigma[part], tokens[part])
+            kl = (velocity - reference_velocity).pow(2).mean()
+            loss = loss + config.nft_kl_beta * kl
+            kl_total = (kl_total or 0.0) + weight * float(kl.detach())
+        (loss if weight == 1.0 else weight * loss).backward()
+        loss_total += weight * float(loss.detach())
+    return loss_total, kl_total
+
+
 def nft_update(
     model: Policy,
     old_model: Policy,
@@ -90,7 +120,8 @@ def nft_update(
     bounds one step from ``old_model``, this term bounds the walk of many. Samples whose advantage is exactly 0
     (a group of equal rewards, or a reward that failed) carry no signal and are left out. Each
     sample is noised at ``config.nft_timesteps`` uniform noise levels (the distribution pre-training
-    used); the kept samples are shuffled into ``num_minibatches`` optimizer steps, ``num_epochs`` times.
+    used); the kept samples are shuffled into ``num_minibatches`` optimizer steps, ``num_epochs`` times,
+    each computed in micro-batches of ``config.micro_batch_size`` rows when the config has one.
     """
     clean = batch.latents[:, -1]
     kept = torch.nonzero(batch.advantages != 0).squeeze(1)
@@ -107,23 +138,14 @@ def nft_update(
             noise = torch.randn(x0.shape, generator=generator, dtype=x0.dtype)
             s = sigma.view(-1, *([1] * (x0.ndim - 1)))
             noisy = (1.0 - s) * x0 + s * noise
-            with torch.no_grad():
-                old_velocity = old_model(noisy, sigma, tokens)
             optimizer.zero_grad(set_to_none=True)
-            velocity = model(noisy, sigma, tokens)
-            loss = nft_loss(velocity, old_velocity, noise - x0, r, config.nft_beta).mean()
-            if config.nft_kl_beta > 0:
-                if reference is None:
-                    raise ValueError("train.nft_kl_beta > 0 needs the frozen base as reference")
-                with torch.no_grad():
-                    reference_velocity = reference(noisy, sigma, tokens)
-                kl = (velocity - reference_velocity).pow(2).mean()
-                loss = loss + config.nft_kl_beta * kl
-                totals["kl"] = totals.get("kl", 0.0) + float(kl.detach())
-            loss.backward()
+            loss, kl = accumulate_nft_gradients(model, old_model, reference, noisy, sigma, tokens, noise - x0, r,
+                                                config)
+            if kl is not None:
+                totals["kl"] = totals.get("kl", 0.0) + kl
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             optimizer.step()
-            totals["loss"] += float(loss.detach())
+            totals["loss"] += loss
             totals["grad_norm"] += float(grad_norm)
             steps += 1
     metrics = {f"train/{name}": value / max(steps, 1) for name, value in totals.items()}
