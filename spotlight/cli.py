@@ -7,6 +7,7 @@ command body just raises; ``spotlight --debug`` adds the traceback.
 from __future__ import annotations
 
 import sys
+import time
 import traceback
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ from typing import Annotated, Any, NoReturn, TextIO
 
 import typer
 from rich.console import Console
+from rich.file_proxy import FileProxy
+from rich.live import Live
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -24,6 +27,7 @@ from spotlight import errors
 from spotlight.cli_help import APP_HELP, FAMILY_HELP, MODES_HELP, TASK_HELP, TRAIN_DEFAULT_RUN, TRAIN_HELP
 from spotlight.config import PretrainConfig, TrainConfig, load_config
 from spotlight.modes import Mode
+from spotlight.progress_line import ProgressLine, ProgressState
 from spotlight.run_log import RUN_LOG_NAME, log_to, output_to_log
 
 console = Console(stderr=True)
@@ -103,6 +107,18 @@ def pretrain(config: ConfigOption = None, set_: SetOption = None) -> None:
     console.print(f"base model written to {final}")
 
 
+def _train_progress(terminal: TextIO, state: ProgressState) -> Live:
+    """The progress line of ``spotlight train`` (spotlight/progress_line.py), redrawn every second on ``terminal``.
+
+    Rich's live display would replace sys.stdout and sys.stderr by proxies that print above the line,
+    but only on a real terminal: Ray's driver-side prints (node-death dumps, "marked dead" notices) then
+    reached the screen on a TTY while a pipe sent them to the run's log. The redirection is off, so
+    they go to descriptors 1 and 2, which `output_to_log` points at RUN_DIR/spotlight.log.
+    """
+    return Live(ProgressLine(state), console=Console(file=terminal), refresh_per_second=1,
+                redirect_stdout=False, redirect_stderr=False)
+
+
 def _summary_table(summary: Any) -> Table:
     table = Table(title=f"spotlight train: {summary.run_dir}")
     for column in ("iteration", "wall s", "val strict acc", "val reward", "rollout reward"):
@@ -140,25 +156,22 @@ def train(
     with ExitStack() as stack:
         # On Ray, descriptors 1 and 2 go to the log (Ray's node-death dumps); progress goes to the terminal.
         terminal = stack.enter_context(output_to_log(run_log)) if cfg.uses_ray else sys.stderr
-        stack.enter_context(log_to(run_log, terminal))
-        progress = _progress(terminal)
-        stack.callback(progress.stop)
-        tasks: list[Any] = []
+        state = ProgressState(label=str(cfg.mode), total=cfg.iterations, max_wall_s=cfg.runtime.max_wall_s)
+        line = _train_progress(terminal, state)
+        # Spotlight's warnings print above the progress line, through the console that draws it.
+        stack.enter_context(log_to(run_log, FileProxy(line.console, terminal)))
+        stack.callback(line.stop)
 
         def show(iteration: int, record: dict[str, Any]) -> None:
-            if not tasks:  # shown from the first record on, so a run that cannot start prints only its error
-                progress.start()
-                tasks.append(progress.add_task(f"train ({cfg.mode})", total=cfg.iterations, status=""))
-            status = f"reward {record.get('rollout/reward_mean', float('nan')):.3f}"
-            if "cost/usd" in record:
-                status += f"  ${record['cost/usd']:.4f}  spot util (train) {record['util/spot_train_phase']:.2f}"
-            if "val/strict_accuracy" in record:
-                status += f"  val acc {record['val/strict_accuracy']:.3f}"
-            progress.update(tasks[0], completed=iteration, status=status)
+            state.update(iteration, record, time.monotonic())
+            if not line.is_started:  # shown from the first record on, so a run that cannot start prints only its error
+                line.start()
+            line.refresh()
 
         summary = run_train(cfg, resume=resume, on_iteration=show)
-        if tasks:
-            progress.update(tasks[0], total=summary.history[-1]["iteration"])
+        if line.is_started and summary.history:  # a run stopped by runtime.max_wall_s ends at its last iteration
+            state.total = summary.history[-1]["iteration"]
+            line.refresh()
     Console().print(_summary_table(summary))
     _print_outcome(summary)
     _runtime_summary(summary.run_dir)
