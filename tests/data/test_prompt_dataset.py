@@ -73,7 +73,7 @@ def test_missing_folder_and_file_are_one_line(tmp_path: Path) -> None:
 def test_shipped_sets_load_by_name_with_disjoint_splits_and_their_licence() -> None:
     ocr, geneval = open_dataset("ocr"), open_dataset("geneval")
     assert (len(ocr.train), len(ocr.test)) == (815, 203)
-    assert (len(geneval.train), len(geneval.test)) == (1772, 440)
+    assert (len(geneval.train), len(geneval.test)) == (443, 110)  # each of GenEval's prompts once
     for dataset in (ocr, geneval):
         assert not set(dataset.train) & set(dataset.test)
         assert (Path(dataset.name) / "LICENSE").read_text().startswith("MIT License")
