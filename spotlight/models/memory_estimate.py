@@ -142,7 +142,8 @@ def estimate_training_memory(sizes: ModelSizes, *, dtype: Literal["float32", "bf
 
     ``frozen_copies``: how many of the EMA, θ_old and θ_{i-1} the loop keeps; ``reference``: whether the
     update has a frozen base (free with LoRA: the adapter disabled); ``tokens``: image + text tokens of
-    one sample; ``rows``: samples in one forward/backward (the minibatch; doubled for a guided update).
+    one sample; ``rows``: samples in one forward/backward (the minibatch or micro-batch; doubled for a
+    guided update).
     """
     unit = DTYPE_BYTES[dtype]
     full = finetune == "full"
@@ -187,6 +188,8 @@ def run_memory_estimate(config: TrainConfig) -> MemoryEstimate | None:
         text_tokens += CLIP_TOKENS
     train = config.train
     rows = math.ceil(config.rollout.prompts_per_iteration * config.rollout.group_size / train.num_minibatches)
+    if train.micro_batch_size is not None:  # a minibatch's forward/backward runs in slices of this many rows
+        rows = min(rows, train.micro_batch_size)
     if train.algorithm == "flow-grpo" and config.rollout.guidance_scale > 1:
         rows *= 2  # the guided step's log-prob: conditional and unconditional halves in one batch
     uses_reference = train.kl_beta > 0 if train.algorithm == "flow-grpo" else train.nft_kl_beta > 0

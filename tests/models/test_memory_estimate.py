@@ -85,5 +85,8 @@ def test_a_runs_estimate_reads_its_resolution_text_length_and_minibatch(sd3_fold
     assert "more than the device's 1.0 GiB" not in estimate.summary(GIB)
     assert "more than the device's 0.0 MiB: set model.gradient_checkpointing=true" in estimate.summary(1)
     assert run_memory_estimate(load_config(TrainConfig, None, [])) is None  # the toy model
+    sliced = load_config(TrainConfig, None, [f"model.pretrained={sd3_folder}", "rollout.resolution=32",
+                                             "train.micro_batch_size=8"])
+    assert run_memory_estimate(sliced).parts["activations"] == 34 * (64 + 333) * 16 * 2 * 8 * 4 // 2
     bad = load_config(TrainConfig, None, [f"model.pretrained={sd3_folder}", "rollout.resolution=33"])
     assert run_memory_estimate(bad) is None  # the run's start-up names the resolution in one line
