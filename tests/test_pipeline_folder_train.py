@@ -27,7 +27,8 @@ def train(*overrides: str):
 
 
 def one_line_error(result) -> str:
-    lines = [line for line in result.output.splitlines() if line.strip()]
+    """The run's one error line (exit code 2); the start-up memory estimate, if printed before it, aside."""
+    lines = [line for line in result.output.splitlines() if line.strip() and not line.startswith("memory estimate")]
     assert result.exit_code == 2, result.output
     assert len(lines) == 1 and lines[0].startswith("error: "), result.output
     return lines[0]
