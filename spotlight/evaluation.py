@@ -85,12 +85,16 @@ def evaluate(
 
     ``kind_of`` names each prompt's kind (a dataset's `PromptDataset.kind_of`); None: the kinds of the
     model's toy task, if it has one. Prompts of no kind are left out of the per-kind numbers.
-    ``schedule``: the rollout's plan, whose sigma schedule (a pipeline scheduler's) validation keeps
-    with its own ``num_steps`` of ODE; None: Spotlight's schedule with ``shift``.
+    ``schedule``: the rollout's plan (or a pipeline's `ScheduleParams`), whose sigma schedule validation
+    keeps with its own ``num_steps`` of ODE; None: the policy's own scheduler if it has one (a pipeline
+    folder), else Spotlight's schedule with ``shift``.
     """
     expanded = [prompt for prompt in prompts for _ in range(seeds_per_prompt)]
     seeds = validation_seeds(len(prompts), seeds_per_prompt)
     plan = SamplingPlan(num_steps=num_steps, shift=shift, sampler="ode")
+    own_schedule = getattr(model, "schedule", None)  # a pipeline policy's scheduler (spotlight eval CHECKPOINT)
+    if schedule is None and callable(own_schedule):
+        schedule = own_schedule()
     if schedule is not None:
         plan = SamplingPlan(num_steps=num_steps, shift=schedule.shift, sampler="ode", grid_end=schedule.grid_end,
                             shift_terminal=schedule.shift_terminal)

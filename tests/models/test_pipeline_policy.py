@@ -189,3 +189,22 @@ def test_released_text_encoders_serve_cached_prompts_and_refuse_new_ones(tiny_pi
     assert torch.equal(policy.tokenize([PROMPT]), rows[:1])
     with pytest.raises(RuntimeError, match="text encoders were released"):
         policy.tokenize(["a prompt never seen"])
+
+
+def test_validation_samples_a_pipeline_checkpoint_on_its_own_schedule(tiny_pipeline) -> None:
+    """`spotlight eval` passes no schedule: evaluate() takes the policy's, so its images are the pipeline's."""
+    from spotlight.evaluation import evaluate, validation_seeds
+    from spotlight.rewards.base import RewardOutput
+
+    class Brightness:
+        name = "brightness"
+
+        def score(self, images: torch.Tensor, prompts) -> RewardOutput:
+            count = len(prompts)
+            return RewardOutput(rewards=images.mean(dim=(1, 2, 3)), strict=torch.zeros(count, dtype=torch.bool),
+                                valid=torch.ones(count, dtype=torch.bool))
+
+    policy = pipeline_policy(tiny_pipeline("flux"), "flux")
+    result = evaluate(policy, [PROMPT], Brightness(), seeds_per_prompt=1, num_steps=STEPS, shift=1.0)
+    expected = policy.decode_images(spotlight_ode(policy, PROMPT, validation_seeds(1, 1)[0]))
+    torch.testing.assert_close(result.images, expected)
