@@ -32,7 +32,7 @@ __all__ = ["build_policy", "check_device", "policy_config"]
 def check_device(device: str) -> torch.device:
     """``device`` as a torch device; ConfigError in one line when it is cuda and this torch has no CUDA device."""
     if device == "cuda" and not torch.cuda.is_available():
-        build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}, but no device visible"
+        build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}, no device visible"
         raise ConfigError(f"device: cuda, but torch {torch.__version__} sees no CUDA device ({build}): "
                           "run on a machine with an NVIDIA GPU and a CUDA torch, or set device: cpu")
     return torch.device(device)
