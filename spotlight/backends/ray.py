@@ -29,9 +29,8 @@ import torch
 from spotlight.backends.protocol import TrainerView
 from spotlight.diffusion.sampler import Trajectory
 from spotlight.explore.candidates import exploration_sampling, score_latents
-from spotlight.generation import images_of
 from spotlight.explore.planner import Decision, ExplorePlan, round_budget
-from spotlight.generation import generate
+from spotlight.generation import generate, images_of
 from spotlight.modes import Mode
 from spotlight.rollout import group_requests, rollout_plan
 from spotlight.run_error import RunError

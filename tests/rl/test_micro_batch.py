@@ -55,7 +55,8 @@ def test_a_micro_batched_update_equals_the_whole_minibatch_update(algorithm: str
     whole, whole_metrics = updated(algorithm, None)
     micro, micro_metrics = updated(algorithm, 4)  # nft: 12 rows in slices of 4; grpo: 6 rows as 4 + 2
     start = randomised_tinydit(TINY_SHAPES_CONFIG, 3, 0.05)
-    moved = max(float((a - b).detach().abs().max()) for a, b in zip(whole.parameters(), start.parameters(), strict=True))
+    pairs = zip(whole.parameters(), start.parameters(), strict=True)
+    moved = max(float((a - b).detach().abs().max()) for a, b in pairs)
     assert moved > 1e-3  # the update did something
     for a, b in zip(whole.parameters(), micro.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
