@@ -18,7 +18,8 @@ from spotlight.rewards.section import BUILTIN_REWARDS
 from spotlight.runtime.section import RuntimeSection
 from spotlight.tasks import TaskName
 
-__all__ = ["APP_HELP", "FAMILY_HELP", "MODES_HELP", "TASK_HELP", "TRAIN_DEFAULT_RUN", "TRAIN_HELP", "choices", "literal_values"]
+__all__ = ["APP_HELP", "FAMILY_HELP", "MODES_HELP", "TASK_HELP", "TRAIN_DEFAULT_RUN", "TRAIN_HELP", "choices",
+           "literal_values"]
 
 _ALGORITHM_NAMES = {"nft": "NFT", "flow-grpo": "Flow-GRPO"}  # how the papers write them; others as in the config
 
