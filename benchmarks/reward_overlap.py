@@ -63,7 +63,7 @@ def main() -> None:
     expanded, flat_seeds = group_requests(prompts, seeds)
     plan = rollout_plan(config)
     local = build_reward(config.reward, task.make_reward)
-    pooled = PooledReward(config.reward, task.make_reward, args.worker_core)
+    pooled = PooledReward(build_reward, config.reward, task.make_reward, args.worker_core)
 
     def sample(rows: slice):
         return generate(model, expanded[rows], flat_seeds[rows], plan)

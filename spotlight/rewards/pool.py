@@ -17,30 +17,29 @@ import itertools
 import multiprocessing as mp
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from spotlight.rewards.base import Metadata, RewardError, RewardOutput, guarded_score
+from spotlight.rewards.base import Metadata, Reward, RewardError, RewardOutput, guarded_score
 from spotlight.rewards.http_client import shift_sample_index
 from spotlight.rewards.section import RewardSection
 from spotlight.rewards.wire import decode_output, encode_output
 
 START_TIMEOUT_S = 300.0  # building a reward may load a large model
+Builder = Callable[[RewardSection, Any], Reward]  # (section, task default) -> reward, run in the worker
 
 
-def _worker(section_json: str, task_default: Any, core: int | None, jobs: Any, results: Any) -> None:
+def _worker(build: Builder, section_json: str, task_default: Any, core: int | None, jobs: Any, results: Any) -> None:
     """The worker process: build the reward once, then score jobs until a None arrives."""
     if core is not None:
         os.sched_setaffinity(0, {core})
     torch.set_num_threads(1)
-    from spotlight.rewards.registry import build_reward
-
     try:
-        reward = build_reward(RewardSection.model_validate_json(section_json), task_default)
+        reward = build(RewardSection.model_validate_json(section_json), task_default)
     except Exception as error:  # the parent raises it as one line
         results.put(("failed", f"{type(error).__name__}: {' '.join(str(error).split())}"))
         return
@@ -64,14 +63,17 @@ class _Prefetched:
 
 
 class PooledReward:
-    """The reward `section` names, built and run in a worker process; `prefetch` queues, `score` collects."""
+    """The reward `section` names, built by `build` (registry.build_reward, passed in so that this module
+    does not import the registry that imports it) in a worker process; `prefetch` queues, `score` collects."""
 
-    def __init__(self, section: RewardSection, task_default: Any = None, core: int | None = None) -> None:
+    def __init__(self, build: Builder, section: RewardSection, task_default: Any = None,
+                 core: int | None = None) -> None:
         context = mp.get_context("spawn")  # never fork a process that holds Ray or torch threads
         self._jobs, self._results = context.Queue(), context.Queue()
         inner = section.model_copy(update={"overlap": False})
         self._process = context.Process(target=_worker, name="reward-worker", daemon=True,
-                                        args=(inner.model_dump_json(), task_default, core, self._jobs, self._results))
+                                        args=(build, inner.model_dump_json(), task_default, core, self._jobs,
+                                              self._results))
         self._process.start()
         try:
             first = self._results.get(timeout=START_TIMEOUT_S)

@@ -24,7 +24,7 @@ def build_reward(section: RewardSection, task_default: TaskReward | None = None)
     if section.overlap:
         from spotlight.rewards.pool import PooledReward
 
-        return PooledReward(section, task_default, section.worker_core)
+        return PooledReward(build_reward, section, task_default, section.worker_core)
     if section.weights is not None:
         from spotlight.rewards.composite import CompositeReward
 

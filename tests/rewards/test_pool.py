@@ -9,6 +9,7 @@ from spotlight.diffusion.sampler import Trajectory
 from spotlight.rewards.base import RewardError, guarded_score
 from spotlight.rewards.overlap import sample_and_prefetch
 from spotlight.rewards.pool import PooledReward
+from spotlight.rewards.registry import build_reward
 from spotlight.rewards.section import RewardSection
 from spotlight.tasks.registry import get_task
 from spotlight.tasks.shapes import sample_prompts
@@ -16,7 +17,7 @@ from spotlight.tasks.shapes import sample_prompts
 
 @pytest.fixture(scope="module")
 def pooled():
-    reward = PooledReward(RewardSection(overlap=True), get_task("shapes").make_reward)
+    reward = PooledReward(build_reward, RewardSection(overlap=True), get_task("shapes").make_reward)
     yield reward
     reward.close()
 
@@ -62,11 +63,12 @@ def test_a_batch_other_than_the_prefetched_one_is_scored_afresh(pooled):
 
 def test_a_worker_that_cannot_build_its_reward_fails_in_one_line(tmp_path):
     with pytest.raises(RewardError, match=r"reward worker: RewardError: reward.models.clip .* does not exist"):
-        PooledReward(RewardSection(name="clipscore", models={"clip": str(tmp_path / "none")}))
+        PooledReward(build_reward, RewardSection(name="clipscore", models={"clip": str(tmp_path / "none")}))
 
 
 def test_metadata_added_only_at_scoring_time_is_scored_afresh_not_taken_from_the_prefetch():
-    reward = PooledReward(RewardSection(name="reward_functions:brightness", overlap=True))
+    reward = build_reward(RewardSection(name="reward_functions:brightness", overlap=True))
+    assert isinstance(reward, PooledReward)
     try:
         images = torch.stack([torch.full((3, 4, 4), 0.25), torch.full((3, 4, 4), 0.5)])
         reward.prefetch(images, ["a", "b"])  # no metadata yet: bonus 0
