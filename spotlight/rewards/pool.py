@@ -90,6 +90,7 @@ class PooledReward:
         self._pending: dict[int, Future] = {}
         self._lock = threading.Lock()
         self._prefetched: list[_Prefetched] = []
+        self.prefetched_used = 0  # batches whose score came from chunks scored during sampling
         self._collector = threading.Thread(target=self._collect, name="reward-results", daemon=True)
         self._collector.start()
 
@@ -140,7 +141,9 @@ class PooledReward:
     def score(self, images: torch.Tensor, prompts: Sequence[str],
               metadata: Sequence[Metadata] | None = None) -> RewardOutput:
         """The prefetched chunks' outputs when they are this batch; otherwise the worker scores it now."""
-        futures = self._take_prefetched(images, prompts, metadata) or [self.submit(images, prompts, metadata)]
+        futures = self._take_prefetched(images, prompts, metadata)
+        self.prefetched_used += futures is not None
+        futures = futures or [self.submit(images, prompts, metadata)]
         outputs = [future.result() for future in futures]
         errors, start = [], 0
         for out in outputs:

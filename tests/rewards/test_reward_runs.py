@@ -141,3 +141,22 @@ def test_the_supervisor_serves_a_config_reward_given_serve_args(monkeypatch):
         torch.testing.assert_close(out.rewards, torch.full((2,), 51 / 255))
     finally:
         supervisor.close()
+
+
+@pytest.mark.slow
+def test_a_run_with_overlap_scores_in_the_worker_and_learns_what_a_run_without_it_learns(tiny_base_model, tmp_path):
+    from spotlight.pipeline import Trainer
+    from spotlight.rewards.pool import PooledReward
+
+    runs = {}
+    for overlap in (False, True):
+        reward = {"name": "shapes", "overlap": overlap, "overlap_groups": 1}
+        trainer = Trainer(run_config(str(tiny_base_model), tmp_path / f"overlap-{overlap}", "shapes", reward))
+        summary = trainer.run()
+        runs[overlap] = metrics(summary.run_dir)
+        if overlap:  # both rollouts were scored chunk by chunk during sampling, not again afterwards
+            assert isinstance(trainer.reward, PooledReward) and trainer.reward.prefetched_used == 2
+            trainer.reward.close()
+    for plain, pooled in zip(runs[False][1:], runs[True][1:], strict=True):
+        for key in ("rollout/reward_mean", "rollout/group_reward_std", "train/loss"):
+            assert pooled[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), key
