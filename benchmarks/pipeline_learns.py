@@ -1,4 +1,4 @@
-"""Does post-training a pipeline folder learn? A user reward (`reward.name: pipeline_learns:redness`) on a tiny pipeline.
+"""Does post-training a pipeline folder learn? A user reward (`pipeline_learns:redness`) on a tiny pipeline.
 
 The issue-22 check that the whole real-pipeline path learns, not only runs: a tiny random pipeline folder
 (`spotlight.models.tiny_pipelines`), prompts of the shapes preset, its own text encoders, latents, the
@@ -44,7 +44,8 @@ def overrides(folder: Path, run_dir: Path, seed: int, iterations: int, learning_
     return [f"model.pretrained={folder}", f"run_dir={run_dir}", f"seed={seed}", f"iterations={iterations}",
             "mode=vanilla", "reward.name=pipeline_learns:redness", "rollout.resolution=32",
             "rollout.prompts_per_iteration=4", "rollout.group_size=4", "rollout.num_steps=4", "rollout.sde_steps=null",
-            "rollout.guidance_scale=2.0", "model.lora_rank=8", "model.lora_alpha=8", f"train.learning_rate={learning_rate}",
+            "rollout.guidance_scale=2.0", "model.lora_rank=8", "model.lora_alpha=8",
+            f"train.learning_rate={learning_rate}",
             # the plain NFT update: no trailing sampling policy, no KL to the base, no EMA (a short run)
             "train.num_minibatches=2", "train.num_epochs=4", "train.old_policy_decay=0", "train.nft_kl_beta=0",
             "train.ema_decay=null", "eval.every=1000", "eval.seeds_per_prompt=1",
