@@ -180,7 +180,8 @@ def tsp_summary(config: TinyDiTConfig, repeats: int, rows: list[dict]) -> dict:
 MEASURE_BASE = ["iterations=6", "eval.every=1000", "eval.seeds_per_prompt=1", "eval.num_steps=2",
                 "eval.raw_model=false", "checkpoint_every=1000", "runtime.max_wall_s=null",
                 "rollout.prompts_per_iteration=8", "rollout.group_size=8", "train.num_epochs=1",
-                "train.num_minibatches=1", "device_cores=[0,1]"]
+                "train.num_minibatches=1", "train.old_policy_decay=0",
+                "train.nft_kl_beta=0", "device_cores=[0,1]"]
 DISAGG = ["mode=disaggregated", "disagg.unit_size=4"]
 RUNGS = {
     "colocated": ["mode=spot-rollout", "runtime.num_spot_devices=1", "runtime.trace=null"],

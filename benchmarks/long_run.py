@@ -46,18 +46,18 @@ def run_seed(seed: int, core: int, run_dir: Path, args: argparse.Namespace) -> s
 
 
 def run_all(args: argparse.Namespace, root: Path) -> None:
-    """Run the seeds, ``--parallel`` at a time, each on its own core."""
-    cores = list(range(args.parallel))
+    """Run the seeds, ``--parallel`` at a time, each pinned to a core (more runs than cores share them)."""
+    cores = sorted(os.sched_getaffinity(0))
     waiting, running = list(args.seeds), {}
     while waiting or running:
-        for core, (seed, process) in list(running.items()):
+        for slot, (seed, process) in list(running.items()):
             if process.poll() is not None:
-                del running[core]
+                del running[slot]
                 print(f"  done seed {seed}: exit {process.returncode}", flush=True)
-        for core in cores:
-            if core not in running and waiting:
-                seed = waiting.pop(0)
-                running[core] = (seed, run_seed(seed, core, root / f"seed{seed}", args))
+        for slot in range(args.parallel):
+            if slot not in running and waiting:
+                seed, core = waiting.pop(0), cores[slot % len(cores)]
+                running[slot] = (seed, run_seed(seed, core, root / f"seed{seed}", args))
                 print(f"  start seed {seed} on core {core}", flush=True)
         time.sleep(5.0)
 
@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--iterations", type=int, default=100_000)
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--seeds-per-prompt", type=int, default=10, help="validation: 80 prompts x this many seeds")
-    parser.add_argument("--parallel", type=int, default=1, choices=(1, 2), help="seeds run at once, one core each")
+    parser.add_argument("--parallel", type=int, default=1,
+                        help="seeds run at once, one pinned core each (cycling): iterations, not minutes, then compare")
     parser.add_argument("--tolerance", type=float, default=0.03)
     parser.add_argument("--gain", type=float, default=0.12)
     parser.add_argument("--overrides", nargs="*", default=[], help="extra section.field=value for every run")

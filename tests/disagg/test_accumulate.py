@@ -67,7 +67,7 @@ def assert_same_update(gap_model, reference_model, gap_metrics, reference_loss):
 @pytest.mark.parametrize("pack_timesteps", [True, False])
 @pytest.mark.parametrize("arrival_seed", [0, 1])
 def test_gap_nft_update_equals_the_one_shot_nft_update(pack_timesteps, arrival_seed):
-    section = TrainSection(algorithm="nft", num_epochs=1, num_minibatches=1, nft_timesteps=2)
+    section = TrainSection(algorithm="nft", num_epochs=1, num_minibatches=1, nft_timesteps=2, nft_kl_beta=0.0)
     model = policy(0)
     samples = scored_batch(model, GROUP_SIZE)
     batch = rollout_batch(samples, section)
@@ -120,7 +120,7 @@ def test_gap_grpo_update_equals_the_one_shot_grpo_update(pack_timesteps):
 
 
 def test_the_one_shot_fallback_equals_the_pipelined_update():
-    section = TrainSection(algorithm="nft", num_epochs=1, num_minibatches=1, nft_timesteps=2)
+    section = TrainSection(algorithm="nft", num_epochs=1, num_minibatches=1, nft_timesteps=2, nft_kl_beta=0.0)
     model = policy(0)
     samples = scored_batch(model, GROUP_SIZE)
     groups = list(arrive_shuffled(samples, 5))

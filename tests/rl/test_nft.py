@@ -1,3 +1,5 @@
+import copy
+
 import pytest
 import torch
 from random_models import TINY_SHAPES_CONFIG, randomised_tinydit
@@ -75,7 +77,7 @@ def test_update_pulls_the_model_towards_positive_samples_and_away_from_negative(
     batch = clean_batch([2.0, -2.0, 2.0, -2.0])
     before = [flow_matching_error(model, batch, row) for row in range(4)]
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    config = TrainSection(algorithm="nft", nft_timesteps=8, num_minibatches=1)
+    config = TrainSection(algorithm="nft", nft_timesteps=8, num_minibatches=1, nft_kl_beta=0.0)
     for step in range(10):
         metrics = nft_update(model, old, optimizer, batch, config, torch.Generator().manual_seed(step))
     after = [flow_matching_error(model, batch, row) for row in range(4)]
@@ -94,3 +96,39 @@ def test_groups_without_signal_leave_the_weights_untouched():
     assert metrics["train/trained_samples"] == 0
     for name, value in model.state_dict().items():
         torch.testing.assert_close(value, before[name])
+
+
+def velocity_distance(model, reference, batch: RolloutBatch) -> float:
+    """Mean squared velocity difference of two models over the batch's samples at fixed noise levels."""
+    generator = torch.Generator().manual_seed(7)
+    x0 = batch.latents[:, -1].repeat(8, 1, 1, 1)
+    sigma = torch.rand(x0.shape[0], generator=generator)
+    noisy = (1 - sigma.view(-1, 1, 1, 1)) * x0 + sigma.view(-1, 1, 1, 1) * torch.randn(x0.shape, generator=generator)
+    tokens = batch.tokens.repeat(8, 1)
+    with torch.no_grad():
+        return float((model(noisy, sigma, tokens) - reference(noisy, sigma, tokens)).pow(2).mean())
+
+
+def test_the_kl_term_holds_the_walk_near_the_reference():
+    """Many updates from the same old policy drift the model; nft_kl_beta pulls it back towards the base."""
+    batch = clean_batch([2.0, -2.0, 2.0, -2.0])
+    reference = randomised_tinydit(TINY_SHAPES_CONFIG, seed=6, std=0.2).requires_grad_(False)
+    distances = {}
+    for kl_beta in (0.0, 5.0):
+        model = randomised_tinydit(TINY_SHAPES_CONFIG, seed=6, std=0.2)
+        optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+        config = TrainSection(algorithm="nft", nft_timesteps=4, num_minibatches=1, nft_kl_beta=kl_beta)
+        for step in range(15):
+            old = copy.deepcopy(model).requires_grad_(False)  # θ_old = θ_i: the walk compounds
+            metrics = nft_update(model, old, optimizer, batch, config, torch.Generator().manual_seed(step),
+                                 reference=reference)
+        distances[kl_beta] = velocity_distance(model, reference, batch)
+    assert "train/kl" in metrics
+    assert distances[5.0] < 0.5 * distances[0.0]
+
+
+def test_a_kl_term_without_a_reference_is_refused_in_one_line():
+    model = randomised_tinydit(TINY_SHAPES_CONFIG, seed=4, std=0.2)
+    with pytest.raises(ValueError, match="needs the frozen base"):
+        nft_update(model, model, torch.optim.Adam(model.parameters()), clean_batch([1.0, -1.0]),
+                   TrainSection(num_minibatches=1, nft_kl_beta=0.1), torch.Generator().manual_seed(0))
