@@ -208,3 +208,27 @@ def test_validation_samples_a_pipeline_checkpoint_on_its_own_schedule(tiny_pipel
     result = evaluate(policy, [PROMPT], Brightness(), seeds_per_prompt=1, num_steps=STEPS, shift=1.0)
     expected = policy.decode_images(spotlight_ode(policy, PROMPT, validation_seeds(1, 1)[0]))
     torch.testing.assert_close(result.images, expected)
+
+
+def test_a_flux_without_guidance_embedding_takes_true_cfg_like_its_pipeline(tiny_pipeline, tmp_path: Path) -> None:
+    """FLUX.1-schnell-like (guidance_embeds false): guidance is true CFG against the negative prompt, as
+    FluxPipeline's true_cfg_scale does it."""
+    import json
+    import shutil
+
+    import diffusers
+
+    folder = tmp_path / "flux-cfg"
+    shutil.copytree(tiny_pipeline("flux"), folder)
+    config_file = folder / "transformer" / "config.json"
+    config_file.write_text(json.dumps(json.loads(config_file.read_text()) | {"guidance_embeds": False}))
+    policy = pipeline_policy(folder, "flux", 3.0)
+    assert policy.true_cfg
+    pipe = diffusers.DiffusionPipeline.from_pretrained(str(folder))
+    pipe.set_progress_bar_config(disable=True)
+    latents = initial_latents([9], policy.latent_shape)
+    expected = pipe(PROMPT, latents=pack_latents(latents), true_cfg_scale=3.0, negative_prompt=NEGATIVE,
+                    num_inference_steps=STEPS, height=32, width=32, output_type="latent",
+                    max_sequence_length=MAX_SEQUENCE_LENGTH["flux"]).images
+    torch.testing.assert_close(spotlight_ode(policy, PROMPT, seed=9), unpack_latents(expected, *latents.shape[-2:]),
+                               rtol=0, atol=1e-5)
