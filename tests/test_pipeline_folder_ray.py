@@ -95,3 +95,22 @@ def test_spot_nodes_offer_a_gpu_and_spot_devices_take_it_when_the_policy_is_on_c
         assert ray.available_resources().get("GPU", 0.0) == 0.0  # and it holds it
     finally:
         cluster.shutdown()
+
+
+@pytest.mark.slow
+def test_mode_disaggregated_trains_a_pipeline_folder(tiny_pipeline, tmp_path: Path) -> None:
+    """Generators sample and score with their own prompt caches; the trainer's update rows are its own
+    (prompt ids it encoded, CFG-free for nft), not the generators'."""
+    run_dir = tmp_path / "run"
+    config = parse_config(TrainConfig, {
+        "mode": "disaggregated", "iterations": 2, "run_dir": str(run_dir), "pin_devices": False,
+        "model": {"pretrained": str(tiny_pipeline("sd3")), "lora_rank": 2},
+        "rollout": {"resolution": 32, "prompts_per_iteration": 2, "group_size": 2, "num_steps": 2, "sde_steps": None,
+                    "guidance_scale": 2.0},
+        "train": {"num_minibatches": 1, "num_epochs": 1, "old_policy_decay": 0.0, "nft_kl_beta": 0.0},
+        "explore": {"planner": None},
+        "eval": {"seeds_per_prompt": 1, "num_steps": 2, "grid_prompts": 2, "raw_model": False},
+    })
+    summary = train(config)
+    assert [record["iteration"] for record in summary.history] == [0, 1, 2]
+    assert all(record["rollout/invalid_samples"] == 0 for record in summary.history[1:])

@@ -26,6 +26,7 @@ update checks it too (`spotlight.disagg.loop_update`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Iterator
@@ -71,6 +72,10 @@ class DisaggregatedBackend:
                                           self.section.unit_size)
         self.submitted: set[int] = set()  # steps whose units are queued
         self.ahead: list[dict[str, Any]] = []  # results of a later step that arrived early (async)
+        # step → the update's conditioning rows, made here: a pipeline policy's prompt ids index this
+        # process's embedding cache (a generator's ids were encoded in the generator's), and nft's ask for
+        # the CFG-free velocity; a TinyDiT's are the generators' token ids again
+        self.update_tokens: dict[int, torch.Tensor] = {}
         self.explored: dict[int, dict[int, torch.Tensor]] = {}  # step → prompt → candidate rewards
         self.profile = {"generator": [], "trainer": [], "train": []}  # seconds per unit
         self.usage: dict[str, float] = {}
@@ -181,6 +186,8 @@ class DisaggregatedBackend:
         config, step = self.config, stream.step
         assembler = GroupAssembler(len(stream.prompts), config.rollout.group_size, config.train.adv_std,
                                    config.train.adv_clip)
+        self.update_tokens = {step: prompt_tokens(self.view.model, stream.prompts,
+                                                  guided=config.train.algorithm != "nft")}
         ready: list[AssembledGroup] = []
         released: list[AssembledGroup] = []
         early, self.ahead = [r for r in self.ahead if r["step"] == step], [r for r in self.ahead if r["step"] != step]
@@ -254,11 +261,13 @@ class DisaggregatedBackend:
         else:
             self.usage["explore_s"] = self.usage.get("explore_s", 0.0) + result["seconds"]
 
-    @staticmethod
-    def _take_results(results: list[dict[str, Any]], step: int, stream: GroupStream, assembler: GroupAssembler,
-                      ready: list[AssembledGroup]) -> None:
+    def _take_results(self, results: list[dict[str, Any]], step: int, stream: GroupStream,
+                      assembler: GroupAssembler, ready: list[AssembledGroup]) -> None:
+        tokens = self.update_tokens.get(step)
         for result in results:
             for sample in result["samples"]:
+                if tokens is not None:
+                    sample = dataclasses.replace(sample, tokens=tokens[sample.id.prompt_index])
                 stream.samples.append(sample)
                 ready.extend(assembler.add(sample))
 
