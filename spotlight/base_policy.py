@@ -50,6 +50,9 @@ def policy_config(config: TrainConfig) -> DiffusersPolicyConfig | None:
             return None
         task = get_task(config.task)
         return section.diffusers_config(task.name, task.vocab_size, task.image_size)
+    if config.runtime.sp_degree > 1:  # SP device processes rebuild a transformer alone (runtime/sp_policy.py)
+        raise ConfigError(f"runtime.sp_degree={config.runtime.sp_degree}: sequence parallelism serves TinyDiT and "
+                          "the tiny diffusers families, not a pipeline folder yet: set runtime.sp_degree 1")
     try:
         return section.pipeline_config(config.task, rollout.resolution_hw, rollout.guidance_scale,
                                        rollout.negative_prompt, config.dtype)

@@ -95,6 +95,12 @@ def test_device_cuda_without_cuda_is_one_line(tiny_pipeline, tmp_path: Path) -> 
     assert "device: cuda" in line and "set device: cpu" in line
 
 
+def test_sequence_parallelism_on_a_pipeline_folder_is_refused_in_one_line(tiny_pipeline, tmp_path: Path) -> None:
+    line = one_line_error(train("-s", f"model.pretrained={tiny_pipeline('flux')}", "-s", "runtime.sp_degree=2",
+                                "-s", "mode=spotlight", "-s", f"run_dir={tmp_path / 'run'}"))
+    assert "runtime.sp_degree=2" in line and "set runtime.sp_degree 1" in line
+
+
 def test_guidance_without_a_pipeline_is_one_line(tmp_path: Path) -> None:
     line = one_line_error(train("-s", "model.family=sd3", "-s", "rollout.guidance_scale=3",
                                 "-s", f"run_dir={tmp_path / 'run'}"))
