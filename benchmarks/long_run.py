@@ -74,6 +74,14 @@ def curve(run_dir: Path) -> list[dict[str, float]]:
             for r in records if "val/strict_accuracy" in r]
 
 
+def guard_actions(run_dir: Path) -> dict[str, object]:
+    """The guard's rollbacks and stop of a run (iterations), from every record, validated or not."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    acted = [(r["iteration"], r["guard/action"]) for r in records if "guard/action" in r]
+    return {"rollbacks": [i for i, action in acted if action == "rollback"],
+            "stopped_at": next((i for i, action in acted if action == "stop"), None)}
+
+
 def judge(points: list[dict[str, float]], tolerance: float, gain: float) -> dict[str, object]:
     """Base, best, final and whether the run kept its gains (final ≥ best − tolerance and ≥ base + gain)."""
     base, final = points[0]["ema"], points[-1]["ema"]
@@ -81,7 +89,7 @@ def judge(points: list[dict[str, float]], tolerance: float, gain: float) -> dict
     return {"base": base, "best": best["ema"], "best_iteration": best["iteration"], "final": final,
             "final_se": points[-1]["ema_se"], "final_raw": points[-1]["raw"], "iterations": points[-1]["iteration"],
             "minutes": points[-1]["minutes"], "kept_peak": final >= best["ema"] - tolerance,
-            "gained": final >= base + gain, "rollbacks": sum(1 for p in points if p["guard"] == "rollback")}
+            "gained": final >= base + gain}
 
 
 def plot(runs: dict[int, list[dict[str, float]]], path: Path, title: str) -> None:
@@ -128,13 +136,15 @@ def main(argv: list[str] | None = None) -> None:
     if not args.analyse_only:
         run_all(args, root)
     runs = {seed: curve(root / f"seed{seed}") for seed in args.seeds}
-    verdicts = {seed: judge(points, args.tolerance, args.gain) for seed, points in runs.items()}
+    verdicts = {seed: {**judge(points, args.tolerance, args.gain), **guard_actions(root / f"seed{seed}")}
+                for seed, points in runs.items()}
     print(f"{'seed':>4} {'iters':>6} {'min':>6} {'base':>6} {'best (it.)':>12} {'final ± se':>13} {'raw':>6} "
-          f"{'rollbacks':>9}  kept peak / +{args.gain}")
+          f"{'rollbacks':>12} {'stop':>5}  kept peak / +{args.gain}")
     for seed, v in verdicts.items():
         print(f"{seed:>4} {v['iterations']:>6} {v['minutes']:>6.1f} {v['base']:>6.3f} "
               f"{v['best']:>6.3f} ({v['best_iteration']:>3}) {v['final']:>6.3f} ± {v['final_se']:.3f} "
-              f"{v['final_raw']:>6.3f} {v['rollbacks']:>9}  {v['kept_peak']} / {v['gained']}")
+              f"{v['final_raw']:>6.3f} {','.join(map(str, v['rollbacks'])) or '-':>12} {v['stopped_at'] or '-':>5}  "
+              f"{v['kept_peak']} / {v['gained']}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     payload = {"commit": git_commit(), "machine": machine(), "load_average_before": load_before,
                "load_average_after": os.getloadavg(), "args": vars(args), "verdicts": verdicts, "curves": runs}
