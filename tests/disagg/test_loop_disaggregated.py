@@ -109,4 +109,7 @@ def test_disaggregated_refuses_an_update_of_several_optimizer_steps_in_one_line(
         load_config(TrainConfig, None, ["mode=disaggregated"])
     with pytest.raises(ConfigError, match="turn one of them off"):
         load_config(TrainConfig, None, ["mode=disaggregated", "train.num_epochs=1", "train.num_minibatches=1",
+                                        "train.old_policy_decay=0", "train.nft_kl_beta=0",
                                         "disagg.explore=true", "disagg.async_one_step=true"])
+    with pytest.raises(ConfigError, match=r"set train.old_policy_decay=0 and train.nft_kl_beta=0"):
+        load_config(TrainConfig, None, ["mode=disaggregated", "train.num_epochs=1", "train.num_minibatches=1"])
