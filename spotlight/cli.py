@@ -6,6 +6,7 @@ command body just raises; ``spotlight --debug`` adds the traceback.
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 import traceback
@@ -16,7 +17,6 @@ from typing import Annotated, Any, NoReturn, TextIO
 
 import typer
 from rich.console import Console
-from rich.file_proxy import FileProxy
 from rich.live import Live
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -27,7 +27,7 @@ from spotlight import errors
 from spotlight.cli_help import APP_HELP, FAMILY_HELP, MODES_HELP, TASK_HELP, TRAIN_DEFAULT_RUN, TRAIN_HELP
 from spotlight.config import PretrainConfig, TrainConfig, load_config
 from spotlight.modes import Mode
-from spotlight.progress_line import ProgressLine, ProgressState
+from spotlight.progress_line import AboveTheLine, ProgressLine, ProgressState
 from spotlight.run_log import RUN_LOG_NAME, log_to, output_to_log
 
 console = Console(stderr=True)
@@ -146,7 +146,7 @@ def train(
     from spotlight.pipeline import train as run_train
 
     estimate = run_memory_estimate(cfg)  # a pipeline folder's needs, read before any weight loads
-    if estimate is not None:
+    if estimate is not None and cfg.device != "cpu":  # where memory runs out; on the CPU it goes to the log
         print(estimate.summary(cuda_memory_bytes(cfg.device)))
     from spotlight.run_dir import ensure_run_dir
 
@@ -159,8 +159,10 @@ def train(
         state = ProgressState(label=str(cfg.mode), total=cfg.iterations, max_wall_s=cfg.runtime.max_wall_s)
         line = _train_progress(terminal, state)
         # Spotlight's warnings print above the progress line, through the console that draws it.
-        stack.enter_context(log_to(run_log, FileProxy(line.console, terminal)))
+        stack.enter_context(log_to(run_log, AboveTheLine(line.console)))
         stack.callback(line.stop)
+        if estimate is not None and cfg.device == "cpu":
+            logging.getLogger(__name__).info(estimate.summary(None))
 
         def show(iteration: int, record: dict[str, Any]) -> None:
             state.update(iteration, record, time.monotonic())

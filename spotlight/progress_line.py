@@ -10,6 +10,7 @@ the width and the clock (`layout`), so it is tested without a terminal.
 
 from __future__ import annotations
 
+import io
 import math
 import time
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from typing import Any
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.text import Text
 
-__all__ = ["ProgressLine", "ProgressState", "clock_time", "layout"]
+__all__ = ["AboveTheLine", "ProgressLine", "ProgressState", "clock_time", "layout"]
 
 _GAP = "  "
 _MIN_BAR = 8
@@ -136,3 +137,23 @@ class ProgressLine:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         yield Text(layout(self.state, options.max_width, self.clock()), no_wrap=True, overflow="crop")
+
+
+class AboveTheLine(io.TextIOBase):
+    """A text stream (for a logging handler) whose lines print above the progress line, each kept one line.
+
+    Writing to the terminal directly would tear the live line; rich's own FileProxy prints through the
+    console but wraps at its width, which cut a one-line ``warning:`` into several when stderr is a pipe.
+    """
+
+    def __init__(self, console: Console) -> None:
+        self.console, self._pending = console, ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        *lines, self._pending = (self._pending + text).split("\n")
+        for line in lines:
+            self.console.print(line, markup=False, highlight=False, emoji=False, soft_wrap=True)
+        return len(text)

@@ -7,7 +7,7 @@ import io
 import pytest
 from rich.console import Console
 
-from spotlight.progress_line import ProgressLine, ProgressState, clock_time, layout
+from spotlight.progress_line import AboveTheLine, ProgressLine, ProgressState, clock_time, layout
 
 RECORD = {"time/wall_s": 190.0, "rollout/reward_mean": 0.393, "cost/usd": 0.167, "util/spot_train_phase": 0.82,
           "val/strict_accuracy": 0.331}
@@ -92,3 +92,12 @@ def test_elapsed_never_runs_backwards_when_the_runs_clock_leaves_validation_out(
     state.update(2, {"time/wall_s": 20.0}, now=125.0)  # the run's clock counted only the 10 s of training
     assert before == state.elapsed_s(125.0) == 35.0
     assert state.remaining_s(125.0) == pytest.approx(10.0)  # the pace is the run's: 10 s per iteration
+
+
+def test_a_long_warning_printed_above_the_line_stays_one_line_at_any_width() -> None:
+    out = io.StringIO()
+    stream = AboveTheLine(Console(file=out, width=40, force_terminal=False))
+    warning = "warning: guard: iteration 12: " + "the reward collapsed " * 5 + "[rolled back]"
+    stream.write(warning[:30])
+    stream.write(warning[30:] + "\n")
+    assert out.getvalue() == warning + "\n"  # no wrap at 40 columns, no markup eaten
