@@ -185,10 +185,12 @@ def _print_outcome(summary: Any) -> None:
 
     A run can pass its peak; the best model is what a user ships, so the summary always names it.
     """
+    from spotlight.pipeline import describe_score
+
     best, final = summary.best, (summary.validation[-1] if summary.validation else None)
     if best is not None and final is not None:
-        print(f"best: val strict accuracy {best['val/strict_accuracy']:.3f} at iteration {best['iteration']} "
-              f"({summary.run_dir / 'checkpoints' / 'best'}); final: {final['val/strict_accuracy']:.3f} at iteration "
+        print(f"best: {describe_score(best)} at iteration {best['iteration']} "
+              f"({summary.run_dir / 'checkpoints' / 'best'}); final: {describe_score(final)} at iteration "
               f"{final['iteration']}")
     if summary.stopped:
         print(summary.stopped)

@@ -16,10 +16,10 @@ from spotlight.data.section import DataSection
 from spotlight.disagg.section import DisaggSection
 from spotlight.explore.planner import PlannerSection
 from spotlight.models.policy_section import PolicySection
-from spotlight.rewards.section import RewardSection
 from spotlight.modes import Mode
-from spotlight.runtime.cores import available_cores, check_cores
+from spotlight.rewards.section import RewardSection
 from spotlight.rl.guard import GuardSection
+from spotlight.runtime.cores import available_cores, check_cores
 from spotlight.runtime.section import RuntimeSection
 from spotlight.schema import ConfigError, Section  # noqa: F401 (re-exported: ConfigError, Section)
 from spotlight.tasks import TaskName

@@ -60,7 +60,7 @@ class EvalResult:
 
     def metrics(self, prefix: str = "val") -> dict[str, float]:
         out = {f"{prefix}/strict_accuracy": self.strict_accuracy, f"{prefix}/reward": self.mean_reward,
-               f"{prefix}/strict_accuracy_se": self.strict_accuracy_se}
+               f"{prefix}/strict_accuracy_se": self.strict_accuracy_se, f"{prefix}/score": self.score}
         per_kind = "accuracy" if self.has_strict else "reward"
         out.update({f"{prefix}/{per_kind}_{kind}": value for kind, value in self.accuracy_by_kind.items()})
         return out

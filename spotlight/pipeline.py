@@ -110,6 +110,18 @@ def planner_config(config: TrainConfig) -> PlannerSection | None:
     return config.runtime.planner if config.uses_ray and config.mode.explores else None
 
 
+def validation_score(record: dict[str, Any]) -> float:
+    """What picks the best validation: strict accuracy, or the mean reward of a reward without a strict flag."""
+    return record.get("val/score", record["val/strict_accuracy"])
+
+
+def describe_score(record: dict[str, Any]) -> str:
+    """``val strict accuracy 0.412`` (or ``val reward 0.731`` for a reward without a strict flag)."""
+    score = validation_score(record)
+    name = "strict accuracy" if score == record["val/strict_accuracy"] else "reward"
+    return f"val {name} {score:.3f}"
+
+
 @dataclass
 class RunSummary:
     """What a finished run returns: its directory, every logged record, and the validated ones.
@@ -124,8 +136,8 @@ class RunSummary:
 
     @property
     def best(self) -> dict[str, float] | None:
-        """The validation record with the highest strict accuracy (what ``checkpoints/best`` holds)."""
-        return max(self.validation, key=lambda record: record["val/strict_accuracy"], default=None)
+        """The validation record with the highest score (what ``checkpoints/best`` holds; `validation_score`)."""
+        return max(self.validation, key=validation_score, default=None)
 
 
 class Trainer:
@@ -311,10 +323,8 @@ class Trainer:
         dying run. Either way one line says what happened, when, and where the best model is.
         """
         best_dir = self.run_dir / "checkpoints" / "best"
-        best = max((r for r in self.history if "val/strict_accuracy" in r),
-                   key=lambda record: record["val/strict_accuracy"])
-        where = (f"the best model (val strict accuracy {best['val/strict_accuracy']:.3f} at iteration "
-                 f"{best['iteration']}) is {best_dir}")
+        best = max((r for r in self.history if "val/strict_accuracy" in r), key=validation_score)
+        where = f"the best model ({describe_score(best)} at iteration {best['iteration']}) is {best_dir}"
         if verdict.action == "stop":
             self.stopped = f"guard: stopped at iteration {verdict.iteration}: {verdict.reason}; {where}"
             logger.info(self.stopped)  # the terminal gets it once, under the summary table
@@ -329,7 +339,7 @@ class Trainer:
         self.guard.rolled_back()
         learning_rate = self.optimizer.param_groups[0]["lr"]
         logger.warning(f"guard: iteration {verdict.iteration}: {verdict.reason}; rolled back to {best_dir} "
-                       f"(iteration {best['iteration']}, val strict accuracy {best['val/strict_accuracy']:.3f}) "
+                       f"(iteration {best['iteration']}, {describe_score(best)}) "
                        f"with learning rate {learning_rate:.3g}")
 
     def iteration(self, iteration: int) -> dict[str, Any]:
