@@ -12,7 +12,8 @@ def test_a_mode_is_its_config_string_and_parses_from_yaml_overrides() -> None:
     for mode in Mode:
         config = load_config(TrainConfig, None, [f"mode={mode.value}", "explore.num_candidates=8",
                                                  "rollout.group_size=8", "train.num_epochs=1",
-                                                 "train.num_minibatches=1"])
+                                                 "train.num_minibatches=1", "train.old_policy_decay=0",
+                                                 "train.nft_kl_beta=0"])
         assert config.mode is mode and config.mode == mode.value
         assert config.model_dump(mode="json")["mode"] == mode.value  # config.yaml keeps the plain name
 
