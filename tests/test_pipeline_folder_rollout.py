@@ -6,25 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from brightness_reward import Brightness
 
 from spotlight.base_policy import build_policy
 from spotlight.config import TrainConfig, parse_config
-from spotlight.rewards.base import RewardOutput
 from spotlight.rl.grpo import step_log_prob_and_mean
 from spotlight.rollout import rollout
 
 PROMPTS = ["a red circle", "two blue squares"]
-
-
-class Brightness:
-    """Mean pixel value: a reward of the decoded images that needs no model."""
-
-    name = "brightness"
-
-    def score(self, images: torch.Tensor, prompts) -> RewardOutput:
-        count = len(prompts)
-        return RewardOutput(rewards=images.mean(dim=(1, 2, 3)), strict=torch.zeros(count, dtype=torch.bool),
-                            valid=torch.ones(count, dtype=torch.bool))
 
 
 def config_for(folder, algorithm: str) -> TrainConfig:

@@ -193,16 +193,9 @@ def test_released_text_encoders_serve_cached_prompts_and_refuse_new_ones(tiny_pi
 
 def test_validation_samples_a_pipeline_checkpoint_on_its_own_schedule(tiny_pipeline) -> None:
     """`spotlight eval` passes no schedule: evaluate() takes the policy's, so its images are the pipeline's."""
+    from brightness_reward import Brightness
+
     from spotlight.evaluation import evaluate, validation_seeds
-    from spotlight.rewards.base import RewardOutput
-
-    class Brightness:
-        name = "brightness"
-
-        def score(self, images: torch.Tensor, prompts) -> RewardOutput:
-            count = len(prompts)
-            return RewardOutput(rewards=images.mean(dim=(1, 2, 3)), strict=torch.zeros(count, dtype=torch.bool),
-                                valid=torch.ones(count, dtype=torch.bool))
 
     policy = pipeline_policy(tiny_pipeline("flux"), "flux")
     result = evaluate(policy, [PROMPT], Brightness(), seeds_per_prompt=1, num_steps=STEPS, shift=1.0)
