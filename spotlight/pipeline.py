@@ -115,6 +115,11 @@ def validation_score(record: dict[str, Any]) -> float:
     return record.get("val/score", record["val/strict_accuracy"])
 
 
+def validated(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of a run's history that carry a validation."""
+    return [record for record in history if "val/strict_accuracy" in record]
+
+
 def describe_score(record: dict[str, Any]) -> str:
     """``val strict accuracy 0.412`` (or ``val reward 0.731`` for a reward without a strict flag)."""
     score = validation_score(record)
@@ -226,8 +231,8 @@ class Trainer:
         metrics_path = self.run_dir / "metrics.jsonl"
         kept = read_metrics(metrics_path)
         self.history = [record for record in kept if record["iteration"] <= state.iteration]
-        self.best_accuracy = max((r["val/strict_accuracy"] for r in self.history if "val/strict_accuracy" in r),
-                                 default=float("-inf"))
+        # the score validate() compares (strict accuracy, or the mean reward without a strict flag)
+        self.best_accuracy = max(map(validation_score, validated(self.history)), default=float("-inf"))
         write_text_durably(metrics_path, "".join(json.dumps(record) + "\n" for record in self.history))
 
     @property
@@ -311,7 +316,7 @@ class Trainer:
                 self.backend.close()
             finally:
                 self._lock.release()
-        validation = [r for r in self.history if "val/strict_accuracy" in r]
+        validation = validated(self.history)
         return RunSummary(run_dir=self.run_dir, history=self.history, validation=validation, stopped=self.stopped)
 
     def act_on(self, verdict: GuardVerdict) -> None:
@@ -323,7 +328,7 @@ class Trainer:
         dying run. Either way one line says what happened, when, and where the best model is.
         """
         best_dir = self.run_dir / "checkpoints" / "best"
-        best = max((r for r in self.history if "val/strict_accuracy" in r), key=validation_score)
+        best = max(validated(self.history), key=validation_score)
         where = f"the best model ({describe_score(best)} at iteration {best['iteration']}) is {best_dir}"
         if verdict.action == "stop":
             self.stopped = f"guard: stopped at iteration {verdict.iteration}: {verdict.reason}; {where}"
