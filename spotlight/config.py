@@ -119,6 +119,9 @@ class TrainSection(Section):
     # nft: weight of ||v - v_ref||² towards the frozen base (v_ref), a trust term on the whole walk;
     # 0.1 held the shapes runs' NFT loss at its base level and slowed learning (docs/learning.md)
     nft_kl_beta: float = Field(0.01, ge=0)
+    # nft: uniform (the squared velocity error) | adaptive (DiffusionNFT's: each term's x0 error
+    # normalised by its own size, spotlight/rl/nft.py), docs/learning.md "The stable update"
+    nft_weighting: Literal["uniform", "adaptive"] = "uniform"
 
 
 class ExploreSection(Section):

@@ -30,7 +30,7 @@ from spotlight.disagg.samples import GenerationId
 from spotlight.disagg.timestep_packing import packed_velocity
 from spotlight.rl.grpo import RolloutBatch, step_log_prob_and_mean
 from spotlight.rl.loss import clipped_policy_loss, gaussian_step_kl
-from spotlight.rl.nft import nft_loss, optimality
+from spotlight.rl.nft import NFTWeighting, nft_loss, optimality
 
 
 @dataclass(frozen=True)
@@ -75,8 +75,10 @@ class NftGroupLoss:
     """
 
     def __init__(self, old_models: Mapping[int, torch.nn.Module], noise: Callable[[GenerationId], ForwardNoise],
-                 beta: float, adv_scale: float, num_timesteps: int, pack_timesteps: bool = True) -> None:
+                 beta: float, adv_scale: float, num_timesteps: int, pack_timesteps: bool = True,
+                 weighting: NFTWeighting = "uniform") -> None:
         self.old_models = old_models
+        self.weighting = weighting
         self.noise = noise
         self.beta = beta
         self.adv_scale = adv_scale
@@ -120,7 +122,8 @@ class NftGroupLoss:
             for version in versions.unique().tolist():
                 rows = versions == version
                 old_velocity[rows] = self.old_models[version](noisy[rows], sigmas[rows], all_tokens[rows])
-        losses = nft_loss(velocity, old_velocity, noise - x0.repeat(count, 1, 1, 1), r.repeat(count), self.beta)
+        losses = nft_loss(velocity, old_velocity, noise - x0.repeat(count, 1, 1, 1), r.repeat(count), self.beta,
+                          sigmas, self.weighting)
         return LossPiece(loss_sum=losses.sum(), rows=losses.shape[0],
                          metric_sums={"loss": float(losses.detach().sum())})
 

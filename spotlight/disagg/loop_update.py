@@ -72,7 +72,8 @@ class GroupedUpdate:
             shape = self.model.latent_shape
             loss = NftGroupLoss(snapshots, lambda sample_id: keyed_forward_noise(
                 self.run_seed, step, sample_id, section.nft_timesteps, shape), section.nft_beta,
-                section.nft_adv_scale, section.nft_timesteps, pack_timesteps=self.pack_timesteps)
+                section.nft_adv_scale, section.nft_timesteps, pack_timesteps=self.pack_timesteps,
+                weighting=section.nft_weighting)
         else:
             num_steps = plan.stochastic_steps if plan.stochastic_steps is not None else plan.num_steps
             timesteps = choose_train_timesteps(num_steps, section.timestep_fraction, generator,
