@@ -49,6 +49,35 @@ def test_the_loss_is_minimised_a_bounded_step_from_the_sampling_policy(r):
     torch.testing.assert_close(velocity.detach(), old + (2 * r - 1) / beta * (target - old), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("r", [0.0, 1.0])
+def test_adaptive_weighting_keeps_a_terms_gradient_the_same_size_however_large_its_error(r):
+    # Uniform weighting: the gradient grows with the error (a term pushing away from its target pushes
+    # harder the further it has gone). Adaptive: the x0 error over its own size has a gradient whose
+    # size does not depend on how large the error is, and it still points the way uniform's does.
+    generator = torch.Generator().manual_seed(3)
+    target, direction = torch.randn(2, 3, 4, 4, generator=generator), torch.randn(2, 3, 4, 4, generator=generator)
+    sigma = torch.tensor([0.3, 0.8])
+    gradients = {}
+    for weighting in ("uniform", "adaptive"):
+        for size in (0.1, 10.0):
+            old = target + size * direction
+            velocity = old.clone().requires_grad_(True)
+            nft_loss(velocity, old, target, torch.full((2,), r), 1.0, sigma, weighting).sum().backward()
+            gradients[weighting, size] = velocity.grad
+    uniform_growth = gradients["uniform", 10.0].norm() / gradients["uniform", 0.1].norm()
+    torch.testing.assert_close(uniform_growth, torch.tensor(100.0))
+    torch.testing.assert_close(gradients["adaptive", 10.0], gradients["adaptive", 0.1])
+    cosine = torch.nn.functional.cosine_similarity(gradients["adaptive", 0.1].flatten(),
+                                                   gradients["uniform", 0.1].flatten(), dim=0)
+    assert cosine > 0.9
+
+
+def test_adaptive_weighting_needs_the_noise_levels():
+    velocity = torch.zeros(1, 3, 4, 4)
+    with pytest.raises(ValueError, match="needs the samples' noise levels"):
+        nft_loss(velocity, velocity, velocity, torch.ones(1), 1.0, weighting="adaptive")
+
+
 def clean_batch(advantages: list[float]) -> RolloutBatch:
     """Four fixed clean 8x8 samples (the update reads only the final latents) with given advantages."""
     generator = torch.Generator().manual_seed(2)
