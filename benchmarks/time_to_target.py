@@ -19,8 +19,12 @@ device held), so both sides are billed for the same seconds.
     .venv/bin/python benchmarks/time_to_target.py --seeds 0 1 2 3 4
     .venv/bin/python benchmarks/time_to_target.py --reward strict --seeds 0 1 2   # binary strict reward
 
-One-device runs go two at a time (cores 0 and 1); two-device runs alone. Prints a table, writes
-JSON (commit, machine, every run's curve) and a PNG of the curves to benchmarks/results/.
+Runs go one at a time on an otherwise idle machine (``--pair`` runs two one-device runs side by side,
+faster and less honest: they share memory bandwidth and caches). Each run records the load average
+at its start and end. Prints the table and its decomposition (`benchmarks/decomposition.py`:
+iterations × seconds per iteration, per phase, ratios to vanilla, the free-exploration ceiling and
+what one spot core buys), writes JSON (commit, machine, every run's curve) and a PNG of the curves
+to benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from decomposition import affordable_candidates, decompose, format_table, phase_seconds
 from provenance import REPO, RESULTS, git_commit, machine
 
 from spotlight.config import TrainConfig, load_config
@@ -59,6 +64,7 @@ class Job:
     overrides: list[str]
     process: subprocess.Popen | None = None
     cores: list[int] | None = None
+    load_average: dict[str, float] | None = None
 
     @property
     def finished(self) -> bool:
@@ -87,19 +93,21 @@ def start(job: Job, cores: list[int], log_dir: Path) -> None:
     log = (log_dir / f"{job.mode}-seed{job.seed}.log").open("w")
     job.process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     job.cores = cores
+    job.load_average = {"start": os.getloadavg()[0]}
 
 
-def run_all(jobs: list[Job], log_dir: Path, cores: list[int]) -> None:
-    """Run the jobs in order on ``cores``: one one-device run per free core, a two-device run on two."""
+def run_all(jobs: list[Job], log_dir: Path, cores: list[int], pair: bool) -> None:
+    """Run the jobs in order: alone, or with ``pair`` one one-device run per free core of ``cores``."""
     free, running, waiting = list(cores), [], list(jobs)
     while waiting or running:
         for job in list(running):
             if job.process.poll() is not None:
                 running.remove(job)
+                job.load_average["end"] = os.getloadavg()[0]
                 free.extend(job.cores)
                 status = "ok" if job.process.returncode == 0 else f"FAILED (exit {job.process.returncode})"
                 print(f"  done {job.mode} seed {job.seed}: {status}", flush=True)
-        while waiting and len(free) >= DEVICES[waiting[0].mode]:
+        while waiting and len(free) >= DEVICES[waiting[0].mode] and (pair or not running):
             job = waiting.pop(0)
             need = DEVICES[job.mode]
             cores, free = sorted(free)[:need], sorted(free)[need:]
@@ -129,13 +137,21 @@ def outcome(job: Job, target: float, prices: dict[str, float]) -> dict:
               "strict": r["val/strict_accuracy"], "se": r["val/strict_accuracy_se"]}
              for r, usd in zip(records, spent, strict=True) if "val/strict_accuracy" in r]
     reached = next((point for point in curve[1:] if point["strict"] >= target), None)
+    trained = [r for r in records[1:] if "rollout/group_reward_std" in r]
+    config = load_config(TrainConfig, job.run_dir / "config.yaml")
+    candidates = [r["planner/num_candidates"] for r in trained if "planner/num_candidates" in r]
     return {
         "mode": job.mode, "seed": job.seed, "curve": curve, "reached": reached is not None,
         "wall_s_to_target": reached["wall_s"] if reached else None,
         "usd_to_target": reached["usd"] if reached else None,
         "iterations_to_target": reached["iteration"] if reached else None,
         "final_strict": curve[-1]["strict"], "train_wall_s": records[-1]["time/wall_s"],
-        "group_reward_std": float(np.mean([r["rollout/group_reward_std"] for r in records[1:]])),
+        "group_reward_std": float(np.mean([r["rollout/group_reward_std"] for r in trained])),
+        "zero_std_groups": float(np.mean([r.get("rollout/zero_std_groups", 0.0) for r in trained])),
+        "phases": phase_seconds(records, reached["iteration"] if reached else None),
+        "explore_candidates": (float(np.mean(candidates)) if candidates
+                               else float(config.explore.num_candidates) if job.mode == "sync-explore" else None),
+        "load_average": job.load_average,
     }
 
 
@@ -211,6 +227,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--set", "-s", action="append", default=[], help="extra config override for every run")
     parser.add_argument("--cores", nargs="+", type=int, default=[0, 1],
                         help="cores the runs may use (e.g. --cores 1 leaves core 0 to another job)")
+    parser.add_argument("--pair", action="store_true",
+                        help="two one-device runs at once, one per core (faster; not for quoted numbers)")
     parser.add_argument("--runs-dir", default="runs/time-to-target")
     parser.add_argument("--out", default=None, help="default: benchmarks/results/time_to_target[_strict].json")
     parser.add_argument("--analyse-only", action="store_true",
@@ -243,7 +261,7 @@ def main(argv: list[str] | None = None) -> None:
     started = time.time()
     load_before = os.getloadavg()
     if not args.analyse_only:
-        run_all(jobs, runs_dir, args.cores)
+        run_all(jobs, runs_dir, args.cores, args.pair)
     config = load_config(TrainConfig, None, common)
     table = default_prices(config.runtime.prices.instance, config.runtime.prices.on_demand_per_gpu_hour,
                            config.runtime.prices.spot_per_gpu_hour)
@@ -264,7 +282,14 @@ def main(argv: list[str] | None = None) -> None:
               f"{fmt(usd['median'], 1, 4):>16s} {fmt(iters['median'], 1, 0):>10s} "
               f"{fmt(row.get('wall_s_to_target_vs_vanilla'), 1, 2):>11s} "
               f"{fmt(row.get('wall_s_to_target_vs_sync-explore'), 1, 2):>8s}")
-    payload = {"benchmark": "time_to_target", "commit": git_commit(), "machine": machine(), "args": vars(args),
+    decomposition = decompose(outcomes, args.modes)
+    spot_core = affordable_candidates(outcomes, config.rollout.prompts_per_iteration)
+    print("\nwhere the time goes (medians; seconds per iteration over the iterations to target):")
+    print(format_table(decomposition))
+    if spot_core:
+        print(f"one spot core buys {spot_core['candidates_per_prompt']:.1f} candidates per prompt per update "
+              f"({spot_core['update_s']:.2f} s update / {spot_core['candidate_s'] * 1000:.1f} ms per candidate)")
+    payload = {"benchmark": "time_to_target", "decomposition": decomposition, "spot_core": spot_core, "commit": git_commit(), "machine": machine(), "args": vars(args),
                "base_strict": base, "base_strict_se": base_se, "target": target, "prices": prices,
                "load_average_before": load_before, "load_average_after": os.getloadavg(),
                "elapsed_s": time.time() - started, "summary": summary, "runs": outcomes,
