@@ -193,6 +193,18 @@ class TrainConfig(Section):
             return cores[0] if device == 0 else None
         return cores[1 + (device - 1) % (len(cores) - 1)]
 
+    def control_plane_cores(self) -> list[int] | None:
+        """Where a local cluster's Ray processes run: every device core but the trainer's (None: unpinned, or none left).
+
+        The trainer's core belongs to the trainer; Ray's GCS, raylets and the queue actor share the spot
+        devices' cores (`spotlight.runtime.cores.spawning_on`).
+        """
+        if not self.pin_devices:
+            return None
+        cores = self.device_cores if self.device_cores is not None else available_cores()
+        rest = [core for core in cores if core != cores[0]]
+        return rest or None
+
     @field_validator("run_dir")
     @classmethod
     def _run_dir_is_not_a_file(cls, run_dir: str) -> str:

@@ -121,7 +121,8 @@ class RayBackend:
             raise RunError(f"runtime.complete_rounds needs one planner arm (got {len(view.planner.arms)}): set "
                            "explore.planner's num_candidates and num_steps to one value each")
         self.cluster = SpotCluster(config.runtime, config.mode, view.model, view.run_dir,
-                                   core_of=lambda k: config.device_core(k + 1))
+                                   core_of=lambda k: config.device_core(k + 1),
+                                   control_cores=config.control_plane_cores())
 
     def start_iteration(self, iteration: int) -> None:
         """Bill validation since the last iteration; hand θ_i to every spot device (and SP group)."""

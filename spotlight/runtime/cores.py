@@ -60,3 +60,24 @@ def pinned(core: int | None, num_threads: int = 1) -> Iterator[None]:
     finally:
         os.sched_setaffinity(0, mask)
         torch.set_num_threads(threads)
+
+
+@contextmanager
+def spawning_on(cores: Sequence[int] | None) -> Iterator[None]:
+    """Processes and threads started by the calling thread in this block run on ``cores`` (None: unchanged).
+
+    A child inherits the affinity of the thread that starts it, so Ray's head (GCS, raylet), the raylets
+    of spot nodes, the queue actor's worker and the driver's own Ray threads, all started from the
+    trainer, would otherwise share the trainer's one core: measured on this machine, the update took 6.5 s
+    while a spot device explored against 5.2-5.4 s in vanilla. Only the calling thread's mask changes
+    (Linux applies ``sched_setaffinity(0)`` per thread), so the trainer's compute is not moved meanwhile.
+    """
+    if not cores:
+        yield
+        return
+    mask = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, set(cores))
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, mask)

@@ -21,7 +21,7 @@ import atexit
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -31,6 +31,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from spotlight.market.billing import DeviceLedger
+from spotlight.runtime.cores import spawning_on
 from spotlight.runtime.device import DeviceCall, SpotDevice
 from spotlight.runtime.events import EventLog
 from spotlight.runtime.ray_nodes import NodeStartError, start_node
@@ -83,7 +84,9 @@ class LocalCluster:
     """Logical Ray nodes on this machine: an on-demand head and spot nodes that come and go."""
 
     def __init__(self, object_store_mb: int = 200, node_timeout_s: float = 120.0,
-                 system_config: dict[str, Any] | None = None, spot_gpus: int = 0) -> None:
+                 system_config: dict[str, Any] | None = None, spot_gpus: int = 0,
+                 control_cores: Sequence[int] | None = None) -> None:
+        """``control_cores``: where Ray's own processes run (`spawning_on`); None: wherever the caller runs."""
         from ray.cluster_utils import Cluster
 
         kwargs = _init_kwargs()  # system_config: Ray's cluster-wide settings (e.g. a tolerant health check)
@@ -91,12 +94,15 @@ class LocalCluster:
         self._object_store = object_store_mb * 1024 * 1024
         self._node_timeout_s = node_timeout_s
         self._spot_gpus = spot_gpus  # GPUs each spot node offers (device: cuda), for its device's num_gpus
+        self._control_cores = control_cores
         # The head is started without Ray's fixed 30 s wait and awaited for node_timeout_s (ray_nodes.py).
         self.cluster = Cluster(initialize_head=False)
         try:
-            start_node(self.cluster, node_timeout_s, "the on-demand head node", num_cpus=1,
-                       resources={"on_demand": 1}, include_dashboard=False, object_store_memory=self._object_store,
-                       **({"_system_config": system_config} if system_config else {}))
+            with spawning_on(control_cores):
+                start_node(self.cluster, node_timeout_s, "the on-demand head node", num_cpus=1,
+                           resources={"on_demand": 1}, include_dashboard=False,
+                           object_store_memory=self._object_store,
+                           **({"_system_config": system_config} if system_config else {}))
         except NodeStartError as error:
             self._loopback_only()
             load = os.getloadavg()[0]
@@ -106,7 +112,8 @@ class LocalCluster:
         self.cluster._shutdown_at_exit = False
         self._closed = False
         atexit.register(self.shutdown)
-        ray.init(address=self.cluster.address, **{k: v for k, v in kwargs.items() if k != "include_dashboard"})
+        with spawning_on(control_cores):  # the driver's Ray threads (gRPC, object transfers) too
+            ray.init(address=self.cluster.address, **{k: v for k, v in kwargs.items() if k != "include_dashboard"})
         self._nodes: dict[str, Any] = {}
 
     def add_spot_node(self, name: str) -> str:
@@ -114,8 +121,10 @@ class LocalCluster:
         if name in self._nodes:
             raise PoolError(f"spot node {name} is already live; remove it before adding it again")
         try:
-            node = start_node(self.cluster, self._node_timeout_s, f"spot node {name}", num_cpus=1,
-                              num_gpus=self._spot_gpus, resources={"spot": 1}, object_store_memory=self._object_store)
+            with spawning_on(self._control_cores):
+                node = start_node(self.cluster, self._node_timeout_s, f"spot node {name}", num_cpus=1,
+                                  num_gpus=self._spot_gpus, resources={"spot": 1},
+                                  object_store_memory=self._object_store)
         except NodeStartError as error:
             raise PoolError(str(error)) from None
         self._nodes[name] = node

@@ -23,7 +23,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +66,7 @@ class SpotCluster:
     """
 
     def __init__(self, section: RuntimeSection, mode: Mode, model: Any, run_dir: Path,
-                 core_of: Callable[[int], int | None]) -> None:
+                 core_of: Callable[[int], int | None], control_cores: Sequence[int] | None = None) -> None:
         self.section, self.mode, self.run_dir = section, mode, run_dir
         self.num_spot = section.num_spot_devices if mode.rents_spot else 0
         self.ledger = DeviceLedger(default_prices(section.prices.instance, section.prices.on_demand_per_gpu_hour,
@@ -88,7 +88,7 @@ class SpotCluster:
         self.sp_devices: set[str] = set()  # the SP device processes held in the ledger ("node:k")
         self.closed = False
         try:
-            self._start(model, core_of)
+            self._start(model, core_of, control_cores)
         except BaseException:  # a start that fails half-way leaves no Ray processes behind
             self.closed = True
             if self.cluster is not None:
@@ -102,12 +102,13 @@ class SpotCluster:
         return time.perf_counter() - self.t0
 
     # -- start-up and tear-down ---------------------------------------------------------------------
-    def _start(self, model: Any, core_of: Callable[[int], int | None]) -> None:
+    def _start(self, model: Any, core_of: Callable[[int], int | None], control_cores: Sequence[int] | None) -> None:
         section = self.section
         availability: Availability | None = None
         device = next(model.parameters()).device.type  # spot devices run where the trainer's policy runs
         if section.address is None:
             self.cluster = LocalCluster(node_timeout_s=section.node_timeout_s, spot_gpus=int(device == "cuda"),
+                                        control_cores=control_cores,
                                         system_config=SP_HEAD_SYSTEM_CONFIG if section.sp_degree > 1 else None)
             if self.num_spot and section.trace is not None:
                 availability = resolve_trace(section.trace, "runtime.trace (null: no preemptions)").clipped(
