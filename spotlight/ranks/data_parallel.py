@@ -1,0 +1,92 @@
+"""One update on K ranks equal to the update of one process on the union batch: what each rank computes and how
+the gradients meet.
+
+Every rank holds the whole scored rollout and runs the one update (`nft_update` / `grpo_update`) with the
+same generator, so every shuffle and noise draw is the same everywhere; `RankShare` tells the update's
+micro-batching (`spotlight.rl.micro_batch`) to compute only this rank's rows. Each row's loss is already
+weighted by its share of the whole minibatch, so the minibatch's gradient is the SUM of the ranks'
+gradients, not their mean:
+
+- ddp (`data_parallel`): DDP averages every backward's bucket (sync on each micro-batch, so gradients
+  that were already reduced stay correct when more are added: the mean of equal values is that value);
+  a hook multiplies each rank's fresh gradient by K first, so the mean of K·g_r is Σ g_r.
+- fsdp (`sharded`): FSDP2 reduce-scatters each backward's fresh gradient into the sharded ``.grad``;
+  a divide factor of 1 makes that reduction a sum.
+
+The trained model the loop holds stays the plain policy (DDP wraps it; FSDP2 turns its parameters into
+DTensor shards in place, and `full_state` gathers them for a checkpoint any K' can load).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+__all__ = ["RankShare", "data_parallel", "full_state", "sharded"]
+
+
+@dataclass(frozen=True)
+class RankShare:
+    """A training section seen by one of ``world_size`` ranks: every field of ``section``, plus ``rank``.
+
+    The update reads its hyperparameters from this object as from the section; `micro_batches` reads
+    ``rank`` and ``world_size``.
+    """
+
+    section: Any
+    rank: int
+    world_size: int
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.section, name)
+
+
+def data_parallel(model: nn.Module, world_size: int) -> nn.Module:
+    """``model`` under DDP in the current process group, its gradients summed over the ranks (see the module).
+
+    ``init_sync`` is off: the ranks start from weights the driver sent, and a multi-billion-parameter
+    frozen base would otherwise be broadcast whole.
+    """
+    for parameter in model.parameters():
+        if parameter.requires_grad:
+            parameter.register_hook(lambda grad: grad * world_size)
+    return nn.parallel.DistributedDataParallel(model, init_sync=False)
+
+
+def sharded(model: nn.Module, cpu_offload: bool = False, activation_checkpointing: bool = False) -> nn.Module:
+    """``model`` with its parameters sharded over the ranks by FSDP2, gradients summed (see the module).
+
+    Each trained block of the root's ``nn.ModuleList`` children (TinyDiT's and the diffusers transformers' blocks) is its
+    own FSDP unit, so one block's weights are whole at a time; the root (the TinyDiT, or the diffusers
+    policy's transformer) holds the rest. With
+    ``activation_checkpointing`` each block recomputes its activations in the backward.
+    """
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
+
+    offload = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
+    # a diffusers policy's frozen text encoders and VAE are shared with other policies: only its transformer shards
+    root = getattr(model, "transformer", model)
+    blocks = [block for module in root.children() if isinstance(module, nn.ModuleList) for block in module
+              if any(parameter.requires_grad for parameter in block.parameters())]
+    if activation_checkpointing:
+        from torch.distributed._composable import checkpoint
+
+        for block in blocks:
+            checkpoint(block)
+    for block in blocks:
+        fully_shard(block, offload_policy=offload)
+    fully_shard(root, offload_policy=offload)
+    for unit in root.modules():
+        if isinstance(unit, FSDPModule):  # a plain SUM (gloo has no pre-multiplied sum), divided by 1
+            unit.set_force_sum_reduction_for_comms(True)
+            unit.set_gradient_divide_factor(1.0)
+    return model
+
+
+def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole ``state_dict`` of a model, its FSDP2 shards gathered (a collective: every rank calls it)."""
+    return {name: value.full_tensor() if hasattr(value, "full_tensor") else value
+            for name, value in model.state_dict().items()}
