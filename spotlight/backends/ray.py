@@ -174,7 +174,10 @@ class RayBackend:
         with cluster.lock:
             for device, (part_prompts, part_seeds) in zip(helpers, requests[1:], strict=True):
                 cluster.pool.call(device, "rollout", "sample", part_prompts, part_seeds, plan, iteration)
+        started = cluster.now()
         trajectories: dict[int, Trajectory | None] = {0: self._sample_here(requests[0])}
+        if self.view.planner is not None:  # a measured cost for the first round (then ignored)
+            self.view.planner.observe_prior((cluster.now() - started) / (len(requests[0][0]) * plan.num_steps))
         index = {device: k + 1 for k, device in enumerate(helpers)}
 
         def collected() -> bool:
@@ -253,7 +256,7 @@ class RayBackend:
         config, view, cluster = self.config, self.view, self.cluster
         prompts = iteration_prompts(view.train_prompts, config.seed, target, config.rollout.prompts_per_iteration)
         with cluster.lock:
-            devices = cluster.explorers()
+            devices = cluster.ready_explorers()
         monitor = self.monitor_round if self.mode is Mode.SPOTLIGHT else None
         budget = round_budget(view.planner, budget_s, devices,
                               None if monitor is None else (monitor.plan, len(monitor.prompts)))
@@ -301,6 +304,7 @@ class RayBackend:
             with cluster.lock:
                 round_.drained = True
         drained = cluster.wait(lambda: round_.drained, config.runtime.explore_wait_s)
+        closed_at = cluster.now()
         with cluster.lock:
             cluster.round = None
         if not drained:
@@ -321,9 +325,16 @@ class RayBackend:
         })
         if trips:
             cluster.events.write(cluster.now(), "pull_round_trip", mean_s=float(np.mean(trips)), pulls=len(trips))
+        finished = int((~missing).sum())
         if round_.device_s > 0 and not missing.any():
             view.planner.observe_cost(round_.plan, round_.device_s * round_.own_share(), rewards.numel(),
                                       round_.plan.num_steps)
+        elif finished and not config.runtime.complete_rounds:
+            # Cut at the wait: the planned devices' time over the finished candidates bounds the cost from
+            # above (unfinished ones used some of it), so the next round is sized smaller, not calibrated again.
+            devices = max(1.0, round_.plan_metrics.get("planner/spot_devices", 1.0))
+            view.planner.observe_cost(round_.plan, (closed_at - round_.opened_at) * devices * round_.own_share(),
+                                      finished, round_.plan.num_steps)
         if monitor is not None:
             exploration.metrics.update(self._staleness(monitor, results))
         self.explored = Explored(round_, exploration)

@@ -195,6 +195,18 @@ class ExplorationPlanner:
         old = self._pooled_cost
         self._pooled_cost = per_unit if math.isnan(old) else (1 - alpha) * old + alpha * per_unit
 
+    def observe_prior(self, seconds_per_candidate_step: float) -> None:
+        """A measured cost before any exploration was timed: it sizes the first round instead of a calibration run.
+
+        The runtime passes the trainer's own sampling of its rollout share (same device kind, same
+        model, per sample·step). Without it the first round ran the cheapest arm to calibrate, and a
+        calibration round cut at the exploration wait left the cost unknown, so the next round
+        calibrated (and overran) again. Ignored once any exploration has been timed.
+        """
+        if math.isfinite(seconds_per_candidate_step) and seconds_per_candidate_step > 0 \
+                and math.isnan(self._pooled_cost):
+            self._pooled_cost = float(seconds_per_candidate_step)
+
     # --- the bandit ---------------------------------------------------------------------------
     def choose(self, budget_s: float, num_devices: int, num_prompts: int) -> Decision:
         """Pick the plan for the next exploration round (see the class docstring for the rule).

@@ -326,10 +326,22 @@ class SpotCluster:
         self.elastic.serve()
 
     def explorers(self) -> int:
-        """How many explorers serve the queue: idle-able spot devices, or SP groups on live agents (under lock)."""
+        """How many explorers the run holds: spot devices, or SP groups on live agents (under lock)."""
         if self.elastic is None:
             return len(self.pool.devices())
         return sum(1 for group in self.elastic.groups if group.nodes[0] in self.elastic.agents)
+
+    def ready_explorers(self) -> int:
+        """How many explorers a round can plan on: held ones whose process is up (under lock).
+
+        A device whose node just joined is held (and billed) from then, but its process takes seconds to
+        start (importing torch, building the model): counted by the planner, the first round and the round
+        after each return of a node were sized for a device that was not there yet and overran the
+        exploration wait (README, the headline's causes). It still pulls work once it is up.
+        """
+        if self.elastic is None:
+            return sum(1 for device in self.pool.devices() if device not in self.pool.devices(state="starting"))
+        return self.explorers()
 
     def _collect(self, result: CallResult) -> None:
         """A finished call: exploration results feed the round; everything else waits for the main thread."""

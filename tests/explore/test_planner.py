@@ -200,3 +200,18 @@ def test_plans_outside_the_grid_and_bad_rounds_are_rejected() -> None:
         planner.choose(budget_s=1.0, num_devices=1, num_prompts=0)
     with pytest.raises(ValueError, match="seconds"):
         planner.observe_cost(ExplorePlan(8, 2), seconds=-1.0, num_candidates_run=8, num_steps=2)
+
+
+def test_a_measured_prior_sizes_the_first_round_and_gives_way_to_the_first_timing():
+    planner = ExplorationPlanner(PlannerSection(num_candidates=(8, 16, 32), num_steps=(4, 7)))
+    assert planner.choose(budget_s=10.0, num_devices=1, num_prompts=16).calibrating
+    planner.observe_prior(0.004)  # 4 ms per candidate-step: 16 prompts x 32 x 7 take 14.3 s, 16 x 32 x 4 8.2 s
+    decision = planner.choose(budget_s=10.0, num_devices=1, num_prompts=16)
+    assert not decision.calibrating
+    assert ExplorePlan(32, 4) in decision.feasible_arms and ExplorePlan(32, 7) not in decision.feasible_arms
+    assert decision.predicted_time_s <= 0.95 * 10.0
+    planner.observe_cost(decision.plan, seconds=1.0, num_candidates_run=100, num_steps=1)
+    unmeasured = planner.cost_per_candidate_step(ExplorePlan(8, 7))  # the prior blended with the timing
+    assert unmeasured == pytest.approx(0.7 * 0.004 + 0.3 * 0.01)
+    planner.observe_prior(1.0)  # once an exploration is timed, a prior changes nothing
+    assert planner.cost_per_candidate_step(ExplorePlan(8, 7)) == unmeasured
