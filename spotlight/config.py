@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from spotlight.data.section import DataSection
 from spotlight.disagg.section import DisaggSection
 from spotlight.explore.planner import PlannerSection
 from spotlight.models.policy_section import PolicySection
 from spotlight.modes import Mode
+from spotlight.ranks.section import TrainerSection
 from spotlight.rewards.section import RewardSection
 from spotlight.rl.guard import GuardSection
 from spotlight.runtime.cores import available_cores, check_cores
@@ -165,12 +166,14 @@ class TrainConfig(Section):
     num_threads: int = Field(2, ge=1)  # when pin_devices is false
     # One device = one core (spotlight/runtime/cores.py): the trainer / on-demand device runs on the
     # first of device_cores with one thread, spot device k of a local cluster on the (k+2)-th (cycling
-    # over the rest). null: this machine's cores in order. Attach mode pins only the trainer.
+    # over the rest; with trainer.devices K, trainer rank r on the (r+1)-th and spot devices after the K
+    # ranks' cores). null: this machine's cores in order. Attach mode pins only the trainer.
     pin_devices: bool = True
     device_cores: list[int] | None = Field(None, min_length=1)
     checkpoint_every: int = Field(10, ge=1)
     rollout: RolloutSection = RolloutSection()
     train: TrainSection = TrainSection()
+    trainer: TrainerSection = TrainerSection()  # K trainer ranks (spotlight/ranks/): DDP or FSDP2
     explore: ExploreSection = ExploreSection()
     reward: RewardSection = RewardSection()
     eval: EvalSection = EvalSection()
@@ -183,15 +186,25 @@ class TrainConfig(Section):
     # the dtype of a diffusers policy's frozen parts (LoRA and fully fine-tuned weights stay float32)
     device: Literal["cpu", "cuda"] = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # the cores the config was loaded on: the trainer ranks' cores are chosen from these after the driver
+    # has pinned itself to one (`rank_core`)
+    _cores: list[int] = PrivateAttr(default_factory=available_cores)
 
     def device_core(self, device: int) -> int | None:
         """The core of device ``device`` (0: the trainer / on-demand device, k + 1: spot device k); None: unpinned."""
         if not self.pin_devices:
             return None
         cores = self.device_cores if self.device_cores is not None else available_cores()
-        if device == 0 or len(cores) == 1:
-            return cores[0] if device == 0 else None
-        return cores[1 + (device - 1) % (len(cores) - 1)]
+        if device == 0:
+            return cores[0]
+        spare = cores[self.trainer.devices:] or cores[1:]  # no core left past the ranks': share theirs but rank 0's
+        return spare[(device - 1) % len(spare)] if spare else None
+
+    def rank_core(self, rank: int) -> int | None:
+        """The core of trainer rank ``rank`` (0: the trainer / on-demand device itself); None: unpinned."""
+        if not self.pin_devices:
+            return None
+        return (self.device_cores if self.device_cores is not None else self._cores)[rank]
 
     def control_plane_cores(self) -> list[int] | None:
         """Where a local cluster's Ray processes run: every device core but the trainer's (None: unpinned, or none left).
@@ -217,6 +230,24 @@ class TrainConfig(Section):
     def _cores_exist(self) -> TrainConfig:
         if self.pin_devices and self.device_cores is not None:
             check_cores(self.device_cores)
+        return self
+
+    @model_validator(mode="after")
+    def _ranks_fit(self) -> TrainConfig:
+        devices = self.trainer.devices
+        if devices == 1:
+            return self
+        cores = self.device_cores if self.device_cores is not None else available_cores()
+        if self.pin_devices and devices > len(cores):
+            raise ValueError(f"trainer.devices={devices} pins one rank per core, but only {len(cores)} "
+                             f"core(s) {cores} are given (device_cores or this process's cores): lower "
+                             f"trainer.devices to {len(cores)}, or set pin_devices false")
+        if self.mode is Mode.DISAGGREGATED:
+            raise ValueError(f"trainer.devices={devices}: mode disaggregated trains on one rank for now "
+                             "(its grouped update is not split over ranks yet): set trainer.devices 1")
+        if self.trainer.sharding == "fsdp":
+            raise ValueError(f"trainer.devices={devices} with trainer.sharding fsdp: the loop trains with ddp for "
+                             "now (FSDP2's update is spotlight/ranks/data_parallel.sharded): set trainer.sharding ddp")
         return self
 
     @property

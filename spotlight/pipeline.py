@@ -54,6 +54,7 @@ from spotlight.explore.staleness import StalenessMonitor
 from spotlight.loop_model import LoopModel
 from spotlight.models.shadow import frozen_base, frozen_copy
 from spotlight.pretrain import ema_decay_at, update_ema
+from spotlight.ranks.group import TrainerRanks
 from spotlight.report.grid import save_grid
 from spotlight.rewards.base import Reward
 from spotlight.rewards.registry import build_reward
@@ -64,10 +65,9 @@ from spotlight.rl.checkpoint import (
     replace_model,
     save_training_checkpoint,
 )
-from spotlight.rl.grpo import grpo_update
 from spotlight.rl.guard import GuardVerdict, RunGuard
 from spotlight.rl.manifest import write_text_durably
-from spotlight.rl.nft import nft_update
+from spotlight.rl.rollout_update import build_optimizer, rollout_update, uses_reference
 from spotlight.rollout import Rollout, rollout_plan, score_rollout
 from spotlight.run_dir import RunDirLock, check_resume_config, read_metrics, write_failed
 from spotlight.run_error import RunError
@@ -93,14 +93,6 @@ def old_policy_decay_at(iteration: int, section: TrainSection) -> float:
     if section.old_policy_warmup == 0:
         return section.old_policy_decay
     return section.old_policy_decay * min(1.0, (iteration + 1) / section.old_policy_warmup)
-
-
-def build_optimizer(model: torch.nn.Module, section: TrainSection) -> torch.optim.Optimizer:
-    """The update's optimizer: AdamW, or SGD with momentum (``train.optimizer``)."""
-    if section.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=section.learning_rate, momentum=section.momentum,
-                               weight_decay=section.weight_decay)
-    return torch.optim.AdamW(model.parameters(), lr=section.learning_rate, weight_decay=section.weight_decay)
 
 
 def planner_config(config: TrainConfig) -> PlannerSection | None:
@@ -164,8 +156,16 @@ class Trainer:
                 self.monitor, self.run_dir))
             if resume:  # what it had in flight (spotlight's next seeds)
                 self.backend.load_state_dict(self.backend_state)
+            self.ranks = None  # trainer.devices K > 1: this process is rank 0 of K (spotlight/ranks/group.py)
+            if config.trainer.devices > 1:
+                self.ranks = TrainerRanks(config, self.model, self.optimizer)
+                self.ranks.synchronise()
         except BaseException:
-            self._lock.release()
+            try:
+                if getattr(self, "backend", None) is not None and getattr(self, "ranks", None) is None:
+                    self.backend.close()
+            finally:
+                self._lock.release()
             raise
 
     def _setup(self, config: TrainConfig, reward: Reward | None, resume: bool) -> None:
@@ -181,9 +181,8 @@ class Trainer:
                            f"but task is {config.task!r}: set task to {task_of(self.model).name!r} or pick "
                            f"a {config.task!r} model")
         section = config.train
-        uses_reference = section.kl_beta > 0 if section.algorithm == "flow-grpo" else section.nft_kl_beta > 0
         # frozen versions: deep copies of a TinyDiT; of a LoRA policy, LoRA tensors over the one shared base
-        self.reference = frozen_base(self.model) if uses_reference else None
+        self.reference = frozen_base(self.model) if uses_reference(section) else None
         self.ema = frozen_copy(self.model) if section.ema_decay else None
         # θ_old: what samples, explores and anchors the update; θ itself unless it trails θ (soft update)
         self.sampler = frozen_copy(self.model) if section.old_policy_decay else self.model
@@ -313,6 +312,8 @@ class Trainer:
             except OSError:  # the failed write's bytes are still buffered; the error is already on its way
                 pass
             try:
+                if self.ranks is not None:
+                    self.ranks.close()
                 self.backend.close()
             finally:
                 self._lock.release()
@@ -341,6 +342,8 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] *= factor
         self.optimizer.state.clear()
+        if self.ranks is not None:
+            self.ranks.synchronise()
         self.guard.rolled_back()
         learning_rate = self.optimizer.param_groups[0]["lr"]
         logger.warning(f"guard: iteration {verdict.iteration}: {verdict.reason}; rolled back to {best_dir} "
@@ -388,11 +391,14 @@ class Trainer:
             self.budget_s = update["time/train_s"]
             return update
         started = time.perf_counter()
-        if section.algorithm == "nft":  # θ_old,i (previous) drew the rollout: NFT's sampling policy
-            update = nft_update(self.model, self.previous, self.optimizer, scored.batch, section, generator,
-                                self.reference)
-        else:
-            update = grpo_update(self.model, self.reference, self.optimizer, scored.batch, section, generator)
+
+        def step(model: torch.nn.Module, share: Any) -> dict[str, float]:  # θ_old,i (previous) drew the rollout
+            return rollout_update(model, self.previous, self.reference, self.optimizer, scored.batch, share, generator)
+
+        if self.ranks is None:
+            update = step(self.model, section)
+        else:  # K ranks: each its share of every minibatch's rows, the gradients summed (spotlight/ranks/)
+            update = self.ranks.update(iteration, scored.batch, self.previous.broadcast_state(), step)
         self.budget_s = time.perf_counter() - started
         return {**update, "time/train_s": self.budget_s}
 

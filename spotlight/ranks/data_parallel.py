@@ -59,9 +59,9 @@ def data_parallel(model: nn.Module, world_size: int) -> nn.Module:
 def sharded(model: nn.Module, cpu_offload: bool = False, activation_checkpointing: bool = False) -> nn.Module:
     """``model`` with its parameters sharded over the ranks by FSDP2, gradients summed (see the module).
 
-    Each trained block of the root's ``nn.ModuleList`` children (TinyDiT's and the diffusers transformers' blocks) is its
-    own FSDP unit, so one block's weights are whole at a time; the root (the TinyDiT, or the diffusers
-    policy's transformer) holds the rest. With
+    Each trained block of the root's ``nn.ModuleList`` children (TinyDiT's and the diffusers transformers'
+    blocks) is its own FSDP unit, so one block's weights are whole at a time; the root (the TinyDiT, or
+    the diffusers policy's transformer) holds the rest. With
     ``activation_checkpointing`` each block recomputes its activations in the backward.
     """
     from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard

@@ -1,4 +1,4 @@
-"""Micro-batches: a minibatch's rows split for memory, and over data-parallel ranks, with the gradient of the whole minibatch.
+"""Micro-batches: a minibatch's rows split for memory and over trainer ranks, with the whole minibatch's gradient.
 
 A 20 B transformer at 1024² does not fit a minibatch's activations in one backward. The updates run
 each minibatch's forward and backward on slices of ``micro_batch_size`` rows and weight each slice's
@@ -39,7 +39,7 @@ def micro_batches(rows: int, config: object) -> list[slice]:
     world_size = getattr(config, "world_size", 1)
     if world_size == 1:
         return [slice(start, min(start + size, rows)) for start in range(0, rows, size)]
-    share = rank_rows(rows, getattr(config, "rank"), world_size)
+    share = rank_rows(rows, config.rank, world_size)
     count = math.ceil(math.ceil(rows / world_size) / size)
     if rows // world_size < count:
         raise ValueError(f"a minibatch of {rows} rows cannot give each of trainer.devices={world_size} ranks a row "

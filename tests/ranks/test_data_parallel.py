@@ -9,7 +9,6 @@ ranks: the weights after the step must match within float tolerance, and must ha
 
 from __future__ import annotations
 
-import copy
 import socket
 from pathlib import Path
 

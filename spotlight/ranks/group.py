@@ -1,0 +1,200 @@
+"""K trainer ranks in one torch.distributed group: the driver is rank 0, Ray actors are ranks 1..K-1.
+
+Why actors holding a process group, not Ray Train's ``TorchTrainer``: Spotlight's driver is the single
+controller and already the trainer (it owns the loop, the backend, validation and checkpoints, and in
+mode spotlight the Ray cluster of the spot devices). ``TorchTrainer`` would run the training function
+in K workers of its own and make the driver a bystander: the loop would have to run inside a worker,
+apart from the backend it drives. Here the loop stays in the driver (`Trainer.iteration`, written once)
+and the other ranks are remote hands for one call, ``update``: each gets the scored rollout and θ_old,
+and runs the same update (`spotlight.rl.rollout_update`) on its share of the rows, the gradients meeting
+in DDP (`spotlight.ranks.data_parallel`). Rank 0 validates, checkpoints and logs; a checkpoint is the
+plain policy, so any K' loads it.
+
+The ranks' weights and optimizer state are the driver's: sent whole at the start, after ``--resume`` and
+after a guard rollback (`synchronise`), and kept equal by every DDP step since (the same reduced
+gradient on every rank). A rank that dies (its process killed, its device lost) fails the gloo/NCCL
+collective the others wait in (the group's timeout bounds it if the transport does not notice) or its
+Ray call: the run stops with one line naming the rank, and ``--resume`` continues from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import ray
+import torch
+import torch.distributed as dist
+
+from spotlight.ranks.data_parallel import RankShare, data_parallel
+from spotlight.rl.grpo import RolloutBatch
+from spotlight.run_error import RunError
+
+__all__ = ["COLLECTIVE_TIMEOUT_S", "TrainerRanks"]
+
+logger = logging.getLogger(__name__)
+
+# How long a rank waits in one collective for the others. A dead peer's closed connection fails it at
+# once; this bounds the case where the transport does not notice, within the minute a dead rank may take.
+COLLECTIVE_TIMEOUT_S = 40.0
+# Metrics that are sums over the rows a rank computed (each row weighted by its share of the whole
+# minibatch): the run's value is the sum over ranks. The rest (grad norm, sample counts) are global.
+SUMMED_METRICS = ("train/loss", "train/kl", "train/policy_loss", "train/clip_fraction", "train/ratio")
+
+
+def join_group(device: str, address: str, rank: int, world_size: int) -> None:
+    """Join the K ranks' process group: NCCL on GPUs, gloo on the CPU."""
+    backend = "nccl" if device == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=address, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+
+
+class TrainerRank:
+    """Rank k ≥ 1 (a Ray actor): the policy, θ_old, the frozen reference and the optimizer, replicas of the driver's."""
+
+    def __init__(self, config: Any, rank: int, core: int | None) -> None:
+        from spotlight.base_policy import build_policy
+        from spotlight.models.shadow import frozen_base, frozen_copy
+        from spotlight.rl.rollout_update import build_optimizer, uses_reference
+        from spotlight.runtime.cores import pin_process
+
+        pin_process(core, config.num_threads)  # one rank = one device = one core
+        torch.manual_seed(config.seed)
+        self.config, self.rank = config, rank
+        section = config.train
+        self.model = build_policy(config)
+        self.reference = frozen_base(self.model) if uses_reference(section) else None
+        self.previous = frozen_copy(self.model)
+        self.optimizer = build_optimizer(self.model, section)
+        self.trained: torch.nn.Module | None = None
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def join(self, address: str) -> None:
+        join_group(self.config.device, address, self.rank, self.config.trainer.devices)
+        self.trained = data_parallel(self.model, self.config.trainer.devices)
+
+    def synchronise(self, model_state: dict[str, torch.Tensor], optimizer_state: dict[str, Any]) -> None:
+        self.model.load_broadcast_state(model_state)
+        self.optimizer.load_state_dict(optimizer_state)
+
+    def update(self, iteration: int, batch: RolloutBatch, previous_state: dict[str, torch.Tensor]) -> dict[str, float]:
+        from spotlight.rl.rollout_update import rollout_update
+        from spotlight.streams import Stream, iteration_generator
+
+        self.previous.load_broadcast_state(previous_state)
+        generator = iteration_generator(self.config.seed, iteration, Stream.UPDATE)
+        share = RankShare(self.config.train, self.rank, self.config.trainer.devices)
+        return rollout_update(self.trained, self.previous, self.reference, self.optimizer, batch, share, generator)
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class TrainerRanks:
+    """The driver's side of K trainer ranks: starts ranks 1..K-1, joins as rank 0, runs each update on all.
+
+    On a Ray cluster the backend started (mode spotlight) the ranks go on the driver's node; in a mode
+    without Ray this starts a one-node local cluster of its own.
+    """
+
+    def __init__(self, config: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        self.config, self.model, self.optimizer = config, model, optimizer
+        self.world_size = config.trainer.devices
+        self.cluster = None
+        self.actors: list[Any] = []
+        if not ray.is_initialized():
+            from spotlight.runtime.pools import LocalCluster
+
+            cores = [core for core in (config.device_core(0),) if core is not None]
+            self.cluster = LocalCluster(node_timeout_s=config.runtime.node_timeout_s, control_cores=cores or None)
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        rank_actor = ray.remote(num_cpus=0, max_restarts=0, scheduling_strategy=here)(TrainerRank)
+        try:
+            self.actors = [rank_actor.remote(config, rank, config.rank_core(rank))
+                           for rank in range(1, self.world_size)]
+            self.pids = self._get([actor.pid.remote() for actor in self.actors], "starting")
+            address = f"tcp://127.0.0.1:{free_port()}"
+            joined = [actor.join.remote(address) for actor in self.actors]
+            join_group(config.device, address, 0, self.world_size)
+            self._get(joined, "joining the process group")
+            self.trained = data_parallel(model, self.world_size)
+        except BaseException:
+            self.close()
+            raise
+
+    def synchronise(self) -> None:
+        """Give every rank the driver's weights and optimizer state (at the start, after a resume or a rollback)."""
+        model_state = ray.put(self.model.broadcast_state())
+        optimizer_state = ray.put(self.optimizer.state_dict())
+        self._get([actor.synchronise.remote(model_state, optimizer_state) for actor in self.actors], "synchronising")
+
+    def update(self, iteration: int, batch: RolloutBatch, previous_state: dict[str, torch.Tensor],
+               local: Callable[[torch.nn.Module, RankShare], dict[str, float]]) -> dict[str, float]:
+        """One update on every rank: ranks 1..K-1 remotely, rank 0 by ``local(trained, share)``; the run's metrics."""
+        batch_ref, previous_ref = ray.put(batch), ray.put(previous_state)
+        calls = [actor.update.remote(iteration, batch_ref, previous_ref) for actor in self.actors]
+        try:
+            metrics = local(self.trained, RankShare(self.config.train, 0, self.world_size))
+        except (RuntimeError, dist.DistBackendError) as error:  # a collective failed: which rank is gone?
+            self._get(calls, f"iteration {iteration + 1}'s update")
+            raise RunError(f"trainer rank 0: iteration {iteration + 1}'s update failed ({one_line(error)}); "
+                           "resume from the last checkpoint with --resume") from None
+        others = self._get(calls, f"iteration {iteration + 1}'s update")
+        for name in SUMMED_METRICS:
+            if name in metrics:
+                metrics[name] += sum(other[name] for other in others)
+        return metrics
+
+    def _get(self, calls: list[Any], what: str) -> list[Any]:
+        """The calls' results; a rank that died or failed is one line (`RunError`) naming it."""
+        try:
+            return ray.get(calls, timeout=COLLECTIVE_TIMEOUT_S + 20.0)
+        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError) as error:
+            rank = next((k + 1 for k, call in enumerate(calls) if not _succeeded(call)), "?")
+            cause = "died" if isinstance(error, ray.exceptions.RayActorError) else f"failed ({one_line(error)})"
+            raise RunError(f"trainer rank {rank} of {self.world_size} {cause} while {what}; the run stops: "
+                           "resume from the last checkpoint with --resume (a lost device: lower trainer.devices)") \
+                from None
+
+    def close(self) -> None:
+        """Stop ranks 1..K-1 and leave the group (and stop the local cluster this started)."""
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        self.actors = []
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        if self.cluster is not None:
+            self.cluster.shutdown()
+            self.cluster = None
+
+
+def _succeeded(call: Any) -> bool:
+    ready, _ = ray.wait([call], timeout=0)
+    if not ready:
+        return False
+    try:
+        ray.get(call, timeout=0)
+        return True
+    except Exception:  # noqa: BLE001 (any failure marks the rank)
+        return False
+
+
+def one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback for the group's rendezvous."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
