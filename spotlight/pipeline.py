@@ -175,6 +175,11 @@ class Trainer:
         self.dataset = open_dataset(config.data.dataset) if config.data.dataset is not None else task.dataset()
         self.reward = bind_metadata(self.reward, self.dataset)
         self.train_prompts, self.val_prompts = self.dataset.train, self.dataset.test
+        if config.data.train_kinds is not None:
+            try:
+                self.train_prompts = self.dataset.train_of_kinds(config.data.train_kinds)
+            except ValueError as error:
+                raise RunError(str(error)) from None
         self.model = build_policy(config)
         if task_of(self.model) is not task:
             raise RunError(f"base_checkpoint {config.base_checkpoint} is a {task_of(self.model).name!r} model, "

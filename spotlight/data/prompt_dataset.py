@@ -60,6 +60,15 @@ class PromptDataset:
             raise KeyError(f"prompt {missing[0]!r} is not in dataset {self.name}: its metadata is unknown")
         return [self.metadata[prompt] for prompt in prompts]
 
+    def train_of_kinds(self, kinds: Sequence[str]) -> list[str]:
+        """The train prompts of ``kinds``; ValueError naming the kinds there are when none matches or one is unknown."""
+        known = sorted({kind for prompt in self.train if (kind := self.kind_of(prompt)) is not None})
+        unknown = sorted(set(kinds) - set(known))
+        if unknown:
+            raise ValueError(f"data.train_kinds names {unknown}, which dataset {self.name} has not "
+                             f"(its kinds: {known or 'none'}); list some of those, or set data.train_kinds to null")
+        return [prompt for prompt in self.train if self.kind_of(prompt) in kinds]
+
     def kind_of(self, prompt: str) -> str | None:
         """The prompt's kind (e.g. GenEval's ``counting``), or None when the dataset names none."""
         return self.kinds.get(prompt)

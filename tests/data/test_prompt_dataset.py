@@ -107,3 +107,14 @@ def test_data_section_takes_a_dataset_and_refuses_unknown_fields() -> None:
     assert load_config(TrainConfig, None, []).data.dataset is None
     with pytest.raises(ValueError, match="data.datset: unknown field"):
         load_config(TrainConfig, None, ["data.datset=ocr"])
+
+
+def test_train_kinds_keeps_the_hard_prompts_for_training_and_names_the_kinds_when_one_is_unknown() -> None:
+
+    dataset = get_task("shapes").dataset()
+    hard = dataset.train_of_kinds(["counting", "position"])
+    assert hard and len(hard) < len(dataset.train)
+    assert {dataset.kind_of(prompt) for prompt in hard} == {"counting", "position"}
+    with pytest.raises(ValueError, match=r"names \['colour'\].*its kinds: \['counting', 'position', 'single', "
+                                         r"'two_object'\]"):
+        dataset.train_of_kinds(["counting", "colour"])
