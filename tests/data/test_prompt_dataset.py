@@ -110,7 +110,6 @@ def test_data_section_takes_a_dataset_and_refuses_unknown_fields() -> None:
 
 
 def test_train_kinds_keeps_the_hard_prompts_for_training_and_names_the_kinds_when_one_is_unknown() -> None:
-
     dataset = get_task("shapes").dataset()
     hard = dataset.train_of_kinds(["counting", "position"])
     assert hard and len(hard) < len(dataset.train)
