@@ -120,9 +120,19 @@ class TrainSection(Section):
     # nft: weight of ||v - v_ref||² towards the frozen base (v_ref), a trust term on the whole walk;
     # 0.1 held the shapes runs' NFT loss at its base level and slowed learning (docs/learning.md)
     nft_kl_beta: float = Field(0.01, ge=0)
+    # nft: the distance ||v - v_ref||² to hold: the trust term's weight doubles while an update's distance
+    # is over 1.5x this and halves (to nft_kl_beta) under it / 1.5 (spotlight/rl/kl_control.py); null: fixed
+    nft_kl_target: float | None = Field(None, gt=0)
     # nft: uniform (the squared velocity error) | adaptive (DiffusionNFT's: each term's x0 error
     # normalised by its own size, spotlight/rl/nft.py), docs/learning.md "The stable update"
     nft_weighting: Literal["uniform", "adaptive"] = "uniform"
+
+    @model_validator(mode="after")
+    def _trust_target_needs_a_trust_term(self) -> TrainSection:
+        if self.nft_kl_target is not None and self.nft_kl_beta == 0:
+            raise ValueError("train.nft_kl_target adapts the trust term, which train.nft_kl_beta=0 turns off: "
+                             "set nft_kl_beta > 0 (its floor, e.g. 0.01) or nft_kl_target to null")
+        return self
 
 
 class ExploreSection(Section):

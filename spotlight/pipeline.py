@@ -66,6 +66,7 @@ from spotlight.rl.checkpoint import (
     save_training_checkpoint,
 )
 from spotlight.rl.guard import GuardVerdict, RunGuard
+from spotlight.rl.kl_control import AdaptiveTrust
 from spotlight.rl.manifest import write_text_durably
 from spotlight.rl.rollout_update import build_optimizer, rollout_update, uses_reference
 from spotlight.rollout import Rollout, rollout_plan, score_rollout
@@ -197,6 +198,9 @@ class Trainer:
                                      config.disagg.tsp, VersionGate(config.disagg.async_one_step))
         self.monitor = StalenessMonitor(config.explore.staleness_floor)
         self.guard = RunGuard(config.guard)
+        # the trust term's weight (nft): fixed at nft_kl_beta, or adapted towards nft_kl_target (rl/kl_control.py)
+        self.trust = AdaptiveTrust(config.train.nft_kl_beta,
+                                   config.train.nft_kl_target if config.train.algorithm == "nft" else None)
         self.stopped: str | None = None
         planner = planner_config(config)
         self.planner = ExplorationPlanner(planner) if planner is not None else None
@@ -226,6 +230,8 @@ class Trainer:
         self.monitor.load_state_dict(state.extra["monitor"])
         if "guard" in state.extra:
             self.guard.load_state_dict(state.extra["guard"])
+        if "trust" in state.extra:
+            self.trust.load_state_dict(state.extra["trust"])
         if self.planner is not None:
             self.planner.load_state_dict(state.extra["planner"])
         self.budget_s = state.extra.get("budget_s", self.budget_s)
@@ -389,6 +395,8 @@ class Trainer:
         exploration budget: what exploration hides behind.
         """
         section = self.config.train
+        if self.trust.beta != section.nft_kl_beta:  # the adapted weight of the trust term
+            section = section.model_copy(update={"nft_kl_beta": self.trust.beta})
         self.previous.load_broadcast_state(self.sampler.broadcast_state())
         generator = iteration_generator(self.config.seed, iteration, Stream.UPDATE)
         if isinstance(scored, GroupStream):  # groups trained as they arrive; one optimizer step
@@ -405,6 +413,9 @@ class Trainer:
         else:  # K ranks: each its share of every minibatch's rows, the gradients summed (spotlight/ranks/)
             update = self.ranks.update(iteration, scored.batch, self.previous.broadcast_state(), step)
         self.budget_s = time.perf_counter() - started
+        if self.trust.target is not None:
+            update["train/kl_beta"] = self.trust.beta
+            self.trust.observe(update.get("train/kl"))
         return {**update, "time/train_s": self.budget_s}
 
     def update_ema(self, iteration: int) -> None:
@@ -419,7 +430,7 @@ class Trainer:
         try:
             save_training_checkpoint(self.run_dir, done, self.model, self.optimizer, self.ema, {
                 "previous": self.previous.broadcast_state(), "monitor": self.monitor.state_dict(),
-                "guard": self.guard.state_dict(),
+                "guard": self.guard.state_dict(), "trust": self.trust.state_dict(),
                 **({} if self.sampler is self.model else {"sampler": self.sampler.broadcast_state()}),
                 "planner": None if self.planner is None else self.planner.state_dict(), "budget_s": self.budget_s,
                 "backend": self.backend.state_dict()})
