@@ -28,7 +28,11 @@ COLUMNS = 80
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 PROGRESS = re.compile(r"^spotlight  (\d+/\d+  )?.*\d+:\d\d elapsed  (\?|~[\d:]+) left  val ")
 TABLE_CHARS = set("┏┓┗┛┃━┡┩│└┘─┴┬┼╇╈┳┻┠┨╭╮╰╯ ")
-REMOVALS_AT_S = (2, 6, 10)
+REMOVALS_AT_S = (2, 4, 6)
+# Ray declares a removed node dead after 5 failed health checks, one every 3 s by default (~15 s); checked every
+# 0.5 s it does so ~2.5 s after the removal. A check of a live node fails only at its timeout (10 s, kept), so a
+# slow node still has to stall 50 s to be taken for dead. Ray reads RAY_<setting> in every process it starts.
+RAY_HEALTH_CHECKS = {"RAY_health_check_period_ms": "500"}
 
 
 def screen_lines(raw: str) -> list[str]:
@@ -54,7 +58,7 @@ def run_in_terminal(argv: list[str], cwd: Path, timeout_s: float) -> tuple[int, 
     master, slave = os.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, COLUMNS, 0, 0))
     env = {key: value for key, value in os.environ.items() if key not in ("COLUMNS", "LINES")}
-    env.update(TERM="xterm-256color", PYTHONPATH=str(Path(__file__).parents[1]))
+    env.update(TERM="xterm-256color", PYTHONPATH=str(Path(__file__).parents[1]), **RAY_HEALTH_CHECKS)
     process = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, cwd=cwd, env=env,
                                start_new_session=True)
     os.close(slave)
@@ -86,9 +90,10 @@ def run_in_terminal(argv: list[str], cwd: Path, timeout_s: float) -> tuple[int, 
 @pytest.mark.slow
 def test_a_preempted_spotlight_run_in_a_terminal_shows_only_spotlights_lines(tiny_base_model: Path,
                                                                              tmp_path: Path) -> None:
-    # node0 goes at 2, 6 and 10 s of the run's clock and is back 1 s later. The run ends once its iterations'
-    # own wall time (which never runs ahead of that clock) passes 20 s: the trace has played, and Ray's
-    # health check (~15 s) has had time to declare the first removed node dead, however fast the machine.
+    # node0 goes at 2, 4 and 6 s of the run's clock and is back 1 s later. The run ends once its iterations'
+    # own wall time (which never runs ahead of that clock) passes 10 s: the trace has played, and Ray's
+    # health check (~2.5 s, RAY_HEALTH_CHECKS) has had time to declare the first removed node dead, however
+    # fast the machine.
     trace = tmp_path / "trace.csv"
     trace.write_text("0,add,node0\n" + "".join(f"{at * 1000},remove,node0\n{(at + 1) * 1000},add,node0\n"
                                                for at in REMOVALS_AT_S))
@@ -102,7 +107,7 @@ def test_a_preempted_spotlight_run_in_a_terminal_shows_only_spotlights_lines(tin
         "explore": {"monitor_prompts": 1},
         "eval": {"every": 40, "seeds_per_prompt": 1, "num_steps": 2, "grid_prompts": 2},
         "guard": {"enabled": False},  # a random tiny model's groups are often all zero: no guard stop
-        "runtime": {"trace": str(trace), "time_scale": 1.0, "grace_s": 0.5, "max_wall_s": 20.0,
+        "runtime": {"trace": str(trace), "time_scale": 1.0, "grace_s": 0.5, "max_wall_s": 10.0,
                     "explore_wait_s": 120.0, "node_timeout_s": 240.0},
     }))
     code, raw = run_in_terminal([sys.executable, "-m", "spotlight", "train", "-c", str(config)], tmp_path, 600)
