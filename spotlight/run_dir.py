@@ -32,10 +32,10 @@ logger = logging.getLogger(__name__)
 LOCK_FILE = ".lock"
 
 # Fields a resumed run may change: how long it goes on, how it is measured and checkpointed, and where
-# it runs (thread placement; results may differ in the last bits with another thread count). A key
-# ending in ".*" covers its whole section.
+# it runs (thread placement, the number of trainer ranks: results may differ in the last bits with
+# another thread or rank count). A key ending in ".*" covers its whole section.
 SAFE_TO_CHANGE = ("iterations", "runtime.max_wall_s", "eval.*", "checkpoint_every", "num_threads", "pin_devices",
-                  "device_cores")
+                  "device_cores", "trainer.*")
 
 
 class RunDirError(RuntimeError):

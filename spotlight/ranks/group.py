@@ -20,10 +20,12 @@ Ray call: the run stops with one line naming the rank, and ``--resume`` continue
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 import os
 import socket
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -32,6 +34,7 @@ import torch.distributed as dist
 
 from spotlight.ranks.data_parallel import RankShare, data_parallel
 from spotlight.rl.grpo import RolloutBatch
+from spotlight.rl.manifest import write_text_durably
 from spotlight.run_error import RunError
 
 __all__ = ["COLLECTIVE_TIMEOUT_S", "TrainerRanks"]
@@ -121,7 +124,11 @@ class TrainerRanks:
         try:
             self.actors = [rank_actor.remote(config, rank, config.rank_core(rank))
                            for rank in range(1, self.world_size)]
-            self.pids = self._get([actor.pid.remote() for actor in self.actors], "starting")
+            pids = self._get([actor.pid.remote() for actor in self.actors], "starting")
+            logger.info("trainer ranks 1..%d: pids %s", self.world_size - 1, pids)
+            # which process is which rank, for an operator (and the test that kills one)
+            write_text_durably(Path(config.run_dir) / "trainer-ranks.json",
+                               json.dumps({str(rank): pid for rank, pid in enumerate([os.getpid(), *pids])}))
             address = f"tcp://127.0.0.1:{free_port()}"
             joined = [actor.join.remote(address) for actor in self.actors]
             join_group(config.device, address, 0, self.world_size)
