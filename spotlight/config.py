@@ -20,7 +20,7 @@ from spotlight.modes import Mode
 from spotlight.ranks.section import TrainerSection
 from spotlight.rewards.section import RewardSection
 from spotlight.rl.guard import GuardSection
-from spotlight.runtime.cores import available_cores, check_cores
+from spotlight.runtime.cores import available_cores, check_cores, unpinned_cores
 from spotlight.runtime.section import RuntimeSection
 from spotlight.schema import ConfigError, Section  # noqa: F401 (re-exported: ConfigError, Section)
 from spotlight.tasks import TaskName
@@ -196,9 +196,8 @@ class TrainConfig(Section):
     # the dtype of a diffusers policy's frozen parts (LoRA and fully fine-tuned weights stay float32)
     device: Literal["cpu", "cuda"] = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    # the cores the config was loaded on: the trainer ranks' cores are chosen from these after the driver
-    # has pinned itself to one (`rank_core`)
-    _cores: list[int] = PrivateAttr(default_factory=available_cores)
+    # the cores the config was loaded on (before the trainer pinned itself to one): the ranks' (`rank_core`)
+    _cores: list[int] = PrivateAttr(default_factory=unpinned_cores)
 
     def device_core(self, device: int) -> int | None:
         """The core of device ``device`` (0: the trainer / on-demand device, k + 1: spot device k); None: unpinned."""
@@ -247,7 +246,7 @@ class TrainConfig(Section):
         devices = self.trainer.devices
         if devices == 1:
             return self
-        cores = self.device_cores if self.device_cores is not None else available_cores()
+        cores = self.device_cores if self.device_cores is not None else unpinned_cores()
         if self.pin_devices and devices > len(cores):
             raise ValueError(f"trainer.devices={devices} pins one rank per core, but only {len(cores)} "
                              f"core(s) {cores} are given (device_cores or this process's cores): lower "

@@ -53,13 +53,25 @@ def pinned(core: int | None, num_threads: int = 1) -> Iterator[None]:
     A run pins the process that calls it (the CLI's, or a test's): without the restore, a library
     call would leave the caller on one core for good, and every process it starts after would inherit that.
     """
-    mask, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    global _OUTER_MASK
+    mask, threads, outer = os.sched_getaffinity(0), torch.get_num_threads(), _OUTER_MASK
+    _OUTER_MASK = outer if outer is not None else mask
     pin_process(core, num_threads)
     try:
         yield
     finally:
         os.sched_setaffinity(0, mask)
         torch.set_num_threads(threads)
+        _OUTER_MASK = outer
+
+
+_OUTER_MASK: set[int] | None = None  # the mask before the outermost `pinned` block now open
+
+
+def unpinned_cores() -> list[int]:
+    """The cores this process may run on, as before a `pinned` block it is in (a run's trainer pins itself to
+    one core, yet a config it loads, say for ``--resume``, places its other trainer ranks on the rest)."""
+    return sorted(_OUTER_MASK) if _OUTER_MASK is not None else available_cores()
 
 
 @contextmanager
