@@ -152,10 +152,10 @@ class TrainerRanks:
         try:
             metrics = local(self.trained, RankShare(self.config.train, 0, self.world_size))
         except (RuntimeError, dist.DistBackendError) as error:  # a collective failed: which rank is gone?
-            self._get(calls, f"iteration {iteration + 1}'s update")
+            self._get(calls, f"running iteration {iteration + 1}'s update")
             raise RunError(f"trainer rank 0: iteration {iteration + 1}'s update failed ({one_line(error)}); "
                            "resume from the last checkpoint with --resume") from None
-        others = self._get(calls, f"iteration {iteration + 1}'s update")
+        others = self._get(calls, f"running iteration {iteration + 1}'s update")
         for name in SUMMED_METRICS:
             if name in metrics:
                 metrics[name] += sum(other[name] for other in others)
