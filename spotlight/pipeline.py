@@ -303,7 +303,9 @@ class Trainer:
                 last = done == config.iterations or (max_wall_s is not None and record["time/wall_s"] >= max_wall_s)
                 if verdict is not None:
                     record["guard/action"] = verdict.action
-                    last = last or verdict.action == "stop"
+                    if verdict.action == "stop":  # the best model back in place before the final validation
+                        self.act_on(verdict)
+                        last = True
                 if done % config.eval.every == 0 or last:
                     eval_started = time.perf_counter()
                     record.update(self.validate(done))
@@ -311,7 +313,7 @@ class Trainer:
                     target = config.eval.target_accuracy
                     last = last or (target is not None and record["val/strict_accuracy"] >= target)
                 self._log(metrics_file, record, on_iteration)
-                if verdict is not None:
+                if verdict is not None and verdict.action != "stop":
                     self.act_on(verdict)
                 if done % config.checkpoint_every == 0 or last:
                     self.checkpoint(done)
@@ -334,21 +336,25 @@ class Trainer:
     def act_on(self, verdict: GuardVerdict) -> None:
         """A dying run (the guard's verdict): roll back to ``checkpoints/best`` at a lower learning rate, or stop.
 
-        A rollback puts the best validated weights (the EMA's, which ``best`` holds) into the policy,
-        its sampling policy, θ_{i-1} and the EMA, multiplies the learning rate by
-        ``guard.rollback_lr_factor`` and clears the optimizer's moments, which were built on the
-        dying run. Either way one line says what happened, when, and where the best model is.
+        Both put the best validated weights (the EMA's, which ``best`` holds) back into the policy,
+        its sampling policy, θ_{i-1} and the EMA: a run that stops because it is dying ends with its
+        best model, not the dying one, as its final model, its last checkpoint and what the final
+        validation measures (as early stopping restores the best weights). A rollback then goes on at
+        the learning rate times ``guard.rollback_lr_factor``, with the optimizer's moments, which were
+        built on the dying run, cleared. Either way one line says what happened, when, and where the
+        best model is.
         """
         best_dir = self.run_dir / "checkpoints" / "best"
         best = max(validated(self.history), key=validation_score)
         where = f"the best model ({describe_score(best)} at iteration {best['iteration']}) is {best_dir}"
-        if verdict.action == "stop":
-            self.stopped = f"guard: stopped at iteration {verdict.iteration}: {verdict.reason}; {where}"
-            logger.info(self.stopped)  # the terminal gets it once, under the summary table
-            return
         state = load_model_state(best_dir)
         for policy in {id(p): p for p in (self.model, self.sampler, self.previous, self.ema) if p is not None}.values():
             policy.load_broadcast_state(state)
+        if verdict.action == "stop":
+            self.stopped = (f"guard: stopped at iteration {verdict.iteration}: {verdict.reason}; {where}, "
+                            "and the final model")
+            logger.info(self.stopped)  # the terminal gets it once, under the summary table
+            return
         factor = self.config.guard.rollback_lr_factor
         for group in self.optimizer.param_groups:
             group["lr"] *= factor

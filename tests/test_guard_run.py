@@ -1,4 +1,4 @@
-"""A run forced to collapse (learning rate 20x the default): the guard rolls back, then stops, in one line each.
+"""A run forced to collapse (learning rate 20x the default): the guard rolls back, then stops with the best model, in one line each.
 
 A real `spotlight train` process on the shipped base model, as a person runs it; the best
 checkpoint must come out of it intact and loadable.
@@ -48,6 +48,9 @@ def test_a_collapsing_run_is_rolled_back_at_a_lower_rate_then_stopped_with_one_l
     validated = [r for r in records if "val/strict_accuracy" in r]
     peak = max(validated, key=lambda r: r["val/strict_accuracy"])
     assert f"val strict accuracy {peak['val/strict_accuracy']:.3f} at iteration {peak['iteration']}" in stopped[0]
+    # the run ends with its best model, not the dying one: the final validation is the peak's, exactly
+    assert stopped[0].endswith("and the final model")
+    assert records[-1]["guard/action"] == "stop" and records[-1]["val/strict_accuracy"] == peak["val/strict_accuracy"]
     task = get_task("shapes")  # intact: the best model validates exactly as it did when it was kept
     with pinned(None, 1):
         again = evaluate(load_model(run_dir / "checkpoints" / "best"), task.split()[1], task.make_reward(0.5),
