@@ -216,7 +216,7 @@ class TrainConfig(Section):
         return (self.device_cores if self.device_cores is not None else self._cores)[rank]
 
     def control_plane_cores(self) -> list[int] | None:
-        """Where a local cluster's Ray processes run: every device core but the trainer's (None: unpinned, or none left).
+        """Where a local cluster's Ray processes run: every device core but the trainer's (None: unpinned or none left).
 
         The trainer's core belongs to the trainer; Ray's GCS, raylets and the queue actor share the spot
         devices' cores (`spotlight.runtime.cores.spawning_on`).

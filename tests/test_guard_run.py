@@ -1,4 +1,5 @@
-"""A run forced to collapse (learning rate 20x the default): the guard rolls back, then stops with the best model, in one line each.
+"""A run forced to collapse (learning rate 20x the default): the guard rolls back, then stops with the best
+model, in one line each.
 
 A real `spotlight train` process on the shipped base model, as a person runs it; the best
 checkpoint must come out of it intact and loadable.

@@ -29,7 +29,6 @@ from spotlight.models.policy import Policy
 from spotlight.rl.grpo import RolloutBatch
 from spotlight.rl.micro_batch import micro_batches
 
-
 NFTWeighting = Literal["uniform", "adaptive"]
 
 

@@ -47,7 +47,8 @@ try:
     placement = {{
         "main": sorted(os.sched_getaffinity(0)),
         "children": {{f"{{p.name()}} ({{p.pid}})": sorted(p.cpu_affinity()) for p in me.children(recursive=True)}},
-        "driver_threads": sorted({{tuple(sorted(os.sched_getaffinity(t.id))) for t in me.threads() if t.id != main_thread}}),
+        "driver_threads": sorted({{tuple(sorted(os.sched_getaffinity(t.id)))
+                                  for t in me.threads() if t.id != main_thread}}),
     }}
     print(json.dumps({{"sockets": listening_of_tree(os.getpid()), "placement": placement}}))
 finally:
