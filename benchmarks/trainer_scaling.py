@@ -73,7 +73,7 @@ def timed_updates(rank: int, world_size: int, repeats: int, port: int, out: dict
     torch.set_num_threads(1)
     section = TrainSection()
     model = load_model("shapes-base")
-    old = load_model("shapes-base").requires_grad_(False)
+    old = load_model("shapes-base").requires_grad_(False)  # θ_old and the base (the trust term's reference)
     optimizer = build_optimizer(model, section)
     trained, share = model, section
     if world_size > 1:
@@ -83,7 +83,7 @@ def timed_updates(rank: int, world_size: int, repeats: int, port: int, out: dict
     seconds = []
     for repeat in range(repeats + 1):  # the first is a warm-up
         started = time.perf_counter()
-        nft_update(trained, old, optimizer, batch, share, torch.Generator().manual_seed(repeat))
+        nft_update(trained, old, optimizer, batch, share, torch.Generator().manual_seed(repeat), old)  # + trust term
         seconds.append(time.perf_counter() - started)
     if world_size > 1:
         gradient = torch.randn(sum(p.numel() for p in model.parameters()))
