@@ -26,6 +26,8 @@ from spotlight.runtime.sp_process import device_process_main
 __all__ = ["AgentError", "DeviceProcess", "DeviceProcesses", "GroupBroken"]
 
 START_TIMEOUT_S = 600.0  # generous: a nice-19 spawn on a busy 2-core machine took > 120 s
+SETUP_COMMANDS = frozenset({"attach", "prepare"})  # build or load a policy: no collective, no collective timeout
+SETUP_REPLY_TIMEOUT_S = 300.0
 
 
 class AgentError(RuntimeError):
@@ -137,6 +139,17 @@ class DeviceProcesses:
                 device.process.kill()
         self.devices.clear()
 
+    def reply_timeout_s(self, name: str) -> float:
+        """How long a process may take to answer ``name`` before it counts as lost.
+
+        A collective answers within its own timeout (plus slack). Building or loading a policy does not:
+        a fresh process imports torch and diffusers first, and a real model takes minutes to load onto a
+        GPU; on a loaded CPU box a tiny pipeline's ``attach`` took over 25 s and its healthy process was
+        declared lost. A process that dies is seen at once either way (its sentinel).
+        """
+        return max(self.collective_timeout_s + 5, SETUP_REPLY_TIMEOUT_S) if name in SETUP_COMMANDS \
+            else self.collective_timeout_s + 5
+
     def get(self, index: int) -> DeviceProcess:
         device = self.devices.get(index)
         if device is None:
@@ -172,7 +185,7 @@ class DeviceProcesses:
         errors: list[str] = []
         lost: list[int] = []
         waiting = {index: self.devices[index] for index in indices}
-        deadline = time.monotonic() + self.collective_timeout_s + 5
+        deadline = time.monotonic() + self.reply_timeout_s(name)
         while waiting:
             handles = {d.conn: i for i, d in waiting.items()} | {d.process.sentinel: i for i, d in waiting.items()}
             ready = wait(list(handles), timeout=max(0.0, deadline - time.monotonic()))
