@@ -124,7 +124,9 @@ class TrainerRanks:
         try:
             self.actors = [rank_actor.remote(config, rank, config.rank_core(rank))
                            for rank in range(1, self.world_size)]
-            pids = self._get([actor.pid.remote() for actor in self.actors], "starting")
+            # a rank's process imports torch and builds the policy: as slow as a node on a loaded machine
+            start_s = config.runtime.node_timeout_s
+            pids = self._get([actor.pid.remote() for actor in self.actors], "starting", start_s)
             logger.info("trainer ranks 1..%d: pids %s", self.world_size - 1, pids)
             # which process is which rank, for an operator (and the test that kills one)
             write_text_durably(Path(config.run_dir) / "trainer-ranks.json",
@@ -132,7 +134,7 @@ class TrainerRanks:
             address = f"tcp://127.0.0.1:{free_port()}"
             joined = [actor.join.remote(address) for actor in self.actors]
             join_group(config.device, address, 0, self.world_size)
-            self._get(joined, "joining the process group")
+            self._get(joined, "joining the process group", start_s)
             self.trained = data_parallel(model, self.world_size)
         except BaseException:
             self.close()
@@ -161,13 +163,15 @@ class TrainerRanks:
                 metrics[name] += sum(other[name] for other in others)
         return metrics
 
-    def _get(self, calls: list[Any], what: str) -> list[Any]:
-        """The calls' results; a rank that died or failed is one line (`RunError`) naming it."""
+    def _get(self, calls: list[Any], what: str, timeout_s: float = COLLECTIVE_TIMEOUT_S + 20.0) -> list[Any]:
+        """The calls' results; a rank that died, failed or did not answer in ``timeout_s`` is one line (`RunError`)."""
         try:
-            return ray.get(calls, timeout=COLLECTIVE_TIMEOUT_S + 20.0)
+            return ray.get(calls, timeout=timeout_s)
         except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError) as error:
             rank = next((k + 1 for k, call in enumerate(calls) if not _succeeded(call)), "?")
-            cause = "died" if isinstance(error, ray.exceptions.RayActorError) else f"failed ({one_line(error)})"
+            cause = ("died" if isinstance(error, ray.exceptions.RayActorError) else
+                     f"did not answer in {timeout_s:.0f} s (a loaded machine: raise runtime.node_timeout_s)"
+                     if isinstance(error, ray.exceptions.GetTimeoutError) else f"failed ({one_line(error)})")
             raise RunError(f"trainer rank {rank} of {self.world_size} {cause} while {what}; the run stops: "
                            "resume from the last checkpoint with --resume (a lost device: lower trainer.devices)") \
                 from None
