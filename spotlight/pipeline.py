@@ -417,7 +417,7 @@ class Trainer:
         if self.ranks is None:
             update = step(self.model, section)
         else:  # K ranks: each its share of every minibatch's rows, the gradients summed (spotlight/ranks/)
-            update = self.ranks.update(iteration, scored.batch, self.previous.broadcast_state(), step)
+            update = self.ranks.update(iteration, scored.batch, self.previous.broadcast_state(), step, section)
         self.budget_s = time.perf_counter() - started
         if self.trust.target is not None:
             update["train/kl_beta"] = self.trust.beta

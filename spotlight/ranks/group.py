@@ -86,13 +86,15 @@ class TrainerRank:
         self.model.load_broadcast_state(model_state)
         self.optimizer.load_state_dict(optimizer_state)
 
-    def update(self, iteration: int, batch: RolloutBatch, previous_state: dict[str, torch.Tensor]) -> dict[str, float]:
+    def update(self, iteration: int, batch: RolloutBatch, previous_state: dict[str, torch.Tensor],
+               section: Any = None) -> dict[str, float]:
+        """One update on this rank; ``section``: the loop's training section this iteration (None: the config's)."""
         from spotlight.rl.rollout_update import rollout_update
         from spotlight.streams import Stream, iteration_generator
 
         self.previous.load_broadcast_state(previous_state)
         generator = iteration_generator(self.config.seed, iteration, Stream.UPDATE)
-        share = RankShare(self.config.train, self.rank, self.config.trainer.devices)
+        share = RankShare(section if section is not None else self.config.train, self.rank, self.config.trainer.devices)
         return rollout_update(self.trained, self.previous, self.reference, self.optimizer, batch, share, generator)
 
     def close(self) -> None:
@@ -147,12 +149,15 @@ class TrainerRanks:
         self._get([actor.synchronise.remote(model_state, optimizer_state) for actor in self.actors], "synchronising")
 
     def update(self, iteration: int, batch: RolloutBatch, previous_state: dict[str, torch.Tensor],
-               local: Callable[[torch.nn.Module, RankShare], dict[str, float]]) -> dict[str, float]:
-        """One update on every rank: ranks 1..K-1 remotely, rank 0 by ``local(trained, share)``; the run's metrics."""
+               local: Callable[[torch.nn.Module, RankShare], dict[str, float]], section: Any) -> dict[str, float]:
+        """One update on every rank: ranks 1..K-1 remotely, rank 0 by ``local(trained, share)``; the run's metrics.
+
+        ``section`` is the loop's training section this iteration (the trust term's weight adapts).
+        """
         batch_ref, previous_ref = ray.put(batch), ray.put(previous_state)
-        calls = [actor.update.remote(iteration, batch_ref, previous_ref) for actor in self.actors]
+        calls = [actor.update.remote(iteration, batch_ref, previous_ref, section) for actor in self.actors]
         try:
-            metrics = local(self.trained, RankShare(self.config.train, 0, self.world_size))
+            metrics = local(self.trained, RankShare(section, 0, self.world_size))
         except (RuntimeError, dist.DistBackendError) as error:  # a collective failed: which rank is gone?
             self._get(calls, f"running iteration {iteration + 1}'s update")
             raise RunError(f"trainer rank 0: iteration {iteration + 1}'s update failed ({one_line(error)}); "
