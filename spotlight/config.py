@@ -20,7 +20,7 @@ from spotlight.modes import Mode
 from spotlight.ranks.section import TrainerSection
 from spotlight.rewards.section import RewardSection
 from spotlight.rl.guard import GuardSection
-from spotlight.runtime.cores import available_cores, check_cores, unpinned_cores
+from spotlight.runtime.cores import check_cores, unpinned_cores
 from spotlight.runtime.section import RuntimeSection
 from spotlight.schema import ConfigError, Section  # noqa: F401 (re-exported: ConfigError, Section)
 from spotlight.tasks import TaskName
@@ -199,11 +199,19 @@ class TrainConfig(Section):
     # the cores the config was loaded on (before the trainer pinned itself to one): the ranks' (`rank_core`)
     _cores: list[int] = PrivateAttr(default_factory=unpinned_cores)
 
+    def _device_core_list(self) -> list[int]:
+        """``device_cores``, or this machine's cores as they were when the config was loaded.
+
+        Not the calling process's mask now: the trainer pins itself to one core before it starts the
+        spot devices and Ray, so a mask read then hides every other core.
+        """
+        return self.device_cores if self.device_cores is not None else self._cores
+
     def device_core(self, device: int) -> int | None:
         """The core of device ``device`` (0: the trainer / on-demand device, k + 1: spot device k); None: unpinned."""
         if not self.pin_devices:
             return None
-        cores = self.device_cores if self.device_cores is not None else available_cores()
+        cores = self._device_core_list()
         if device == 0:
             return cores[0]
         spare = cores[self.trainer.devices:] or cores[1:]  # no core left past the ranks': share theirs but rank 0's
@@ -213,7 +221,7 @@ class TrainConfig(Section):
         """The core of trainer rank ``rank`` (0: the trainer / on-demand device itself); None: unpinned."""
         if not self.pin_devices:
             return None
-        return (self.device_cores if self.device_cores is not None else self._cores)[rank]
+        return self._device_core_list()[rank]
 
     def control_plane_cores(self) -> list[int] | None:
         """Where a local cluster's Ray processes run: every device core but the trainer's (None: unpinned or none left).
@@ -223,7 +231,7 @@ class TrainConfig(Section):
         """
         if not self.pin_devices:
             return None
-        cores = self.device_cores if self.device_cores is not None else available_cores()
+        cores = self._device_core_list()
         rest = [core for core in cores if core != cores[0]]
         return rest or None
 

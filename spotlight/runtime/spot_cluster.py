@@ -340,7 +340,7 @@ class SpotCluster:
         exploration wait (README, the headline's causes). It still pulls work once it is up.
         """
         if self.elastic is None:
-            return sum(1 for device in self.pool.devices() if device not in self.pool.devices(state="starting"))
+            return len(self.pool.devices()) - len(self.pool.devices(state="starting"))
         return self.explorers()
 
     def _collect(self, result: CallResult) -> None:

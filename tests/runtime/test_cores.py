@@ -43,3 +43,14 @@ def test_trainer_takes_the_first_core_and_spot_devices_cycle_over_the_rest():
         assert [config.device_core(k) for k in range(4)] == [1, 0, 0, 0]
     unpinned = load_config(TrainConfig, None, ["pin_devices=false"])
     assert [unpinned.device_core(k) for k in range(2)] == [None, None]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_inside_the_trainers_pinned_block_spot_devices_and_ray_still_go_to_the_other_cores():
+    from spotlight.config import TrainConfig, load_config
+
+    config = load_config(TrainConfig, None, [])  # device_cores null: this machine's cores
+    cores = sorted(os.sched_getaffinity(0))
+    with pinned(config.device_core(0)):  # as spotlight.pipeline.train runs the trainer
+        assert config.device_core(1) == cores[1]
+        assert config.control_plane_cores() == cores[1:]
