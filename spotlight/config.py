@@ -158,6 +158,9 @@ class EvalSection(Section):
     every: int = Field(20, ge=1)
     # 80 validation prompts x 20 seeds = 1,600 samples: a binomial standard error of 0.011 at 25-35%
     seeds_per_prompt: int = Field(20, ge=1)
+    # validate on this many of the validation prompts, spread evenly over the list (null: all of them): a
+    # quick look at a large prompt set; the standard error in the metrics counts the samples it scored
+    prompts: int | None = Field(None, ge=1)
     raw_model: bool = True  # also validate the raw weights, not only the EMA (logged as val_raw/...)
     target_accuracy: float | None = Field(None, ge=0, le=1)  # end the run at the first validation reaching it
     num_steps: int = Field(10, ge=1)

@@ -25,6 +25,18 @@ KindOf = Callable[[str], str | None]  # a prompt's kind (GenEval's tag), None wh
 VALIDATION_SEED_BASE = 1_000_003  # far from training seeds, which count up from the run seed
 
 
+def validation_subset(prompts: Sequence[str], count: int | None) -> list[str]:
+    """``count`` prompts spread evenly over ``prompts`` (all of them when ``count`` is None or not smaller).
+
+    Evenly spaced rather than the first ``count``: a dataset listed kind by kind keeps every kind in a
+    quick validation. The subset is a pure function of the list, so every validation of a run, and a
+    resumed run's, scores the same prompts.
+    """
+    if count is None or count >= len(prompts):
+        return list(prompts)
+    return [prompts[index * len(prompts) // count] for index in range(count)]
+
+
 @dataclass
 class EvalResult:
     """Validation numbers and the images they came from (B, 3, H, W) in [0, 1], prompt-major.

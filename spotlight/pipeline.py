@@ -48,7 +48,7 @@ from spotlight.data import open_dataset
 from spotlight.data.metadata_reward import bind_metadata
 from spotlight.disagg.loop_update import GroupedUpdate
 from spotlight.disagg.versions import VersionGate
-from spotlight.evaluation import evaluate
+from spotlight.evaluation import evaluate, validation_subset
 from spotlight.explore.planner import ExplorationPlanner, PlannerSection
 from spotlight.explore.staleness import StalenessMonitor
 from spotlight.loop_model import LoopModel
@@ -175,7 +175,8 @@ class Trainer:
         # the prompts: data.dataset, or the task's preset; a metadata reward reads each prompt's record from it
         self.dataset = open_dataset(config.data.dataset) if config.data.dataset is not None else task.dataset()
         self.reward = bind_metadata(self.reward, self.dataset)
-        self.train_prompts, self.val_prompts = self.dataset.train, self.dataset.test
+        self.train_prompts = self.dataset.train
+        self.val_prompts = validation_subset(self.dataset.test, config.eval.prompts)
         if config.data.train_kinds is not None:
             try:
                 self.train_prompts = self.dataset.train_of_kinds(config.data.train_kinds)

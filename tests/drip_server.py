@@ -11,11 +11,13 @@ from contextlib import contextmanager
 
 @contextmanager
 def dripping_server(head: bytes = b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n",
-                    interval_s: float = 0.2, drip_head: bool = True, limit_s: float = 20.0) -> Iterator[str]:
-    """Yield the URL of a server that drips ``head`` (or sends it at once) and then 'x' bytes one at a time.
+                    interval_s: float = 0.2, drip_head: bool = True, limit_s: float = 20.0,
+                    chunk_bytes: int = 1) -> Iterator[str]:
+    """Yield the URL of a server that drips ``head`` (or sends it at once), then 'x' bytes ``chunk_bytes`` at a time.
 
     Each connection lasts at most ``limit_s`` (the test's own bound), so a client that never gives up
-    still cannot hang the test run.
+    still cannot hang the test run. A flood (``interval_s=0``) in big chunks reaches a size cap within
+    milliseconds; one byte per send would take seconds to, so the client's deadline would end it first.
     """
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(0.1)
@@ -32,10 +34,12 @@ def dripping_server(head: bytes = b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\
                     pass
                 if not drip_head:
                     conn.sendall(head)
-                for byte in (head if drip_head else b"") + b"x" * 1_000_000:
+                payload = (head if drip_head else b"") + b"x" * 1_000_000
+                step = 1 if drip_head else chunk_bytes
+                for offset in range(0, len(payload), step):
                     if stop.is_set() or time.monotonic() - started > limit_s:
                         return
-                    conn.sendall(bytes([byte]))
+                    conn.sendall(payload[offset:offset + step])
                     time.sleep(interval_s)
             except OSError:
                 return

@@ -31,9 +31,11 @@ def test_an_answer_declared_larger_than_the_cap_is_refused_unread() -> None:
 
 def test_an_undeclared_answer_is_read_only_up_to_the_cap() -> None:
     with dripping_server(head=b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n", interval_s=0.0,
-                         drip_head=False) as url:
+                         drip_head=False, chunk_bytes=4096) as url:
+        started = time.monotonic()
         with pytest.raises(FetchError, match="more than the 1000 bytes allowed"):
             fetch(url, deadline_s=5.0, max_body_bytes=1000)
+        assert time.monotonic() - started < 2.0
 
 
 def test_an_unreachable_server_is_one_line() -> None:

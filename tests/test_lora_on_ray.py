@@ -32,8 +32,9 @@ CONFIG = Path(__file__).resolve().parents[1] / "configs" / "sd3-tiny-lora.yaml"
 def spotlight_config(run_dir: Path) -> TrainConfig:
     return load_config(TrainConfig, CONFIG, [
         "mode=spotlight", "iterations=2", f"run_dir={run_dir}", "pin_devices=false", "checkpoint_every=1",
-        "eval.every=2", "runtime.trace=null", "runtime.max_wall_s=null", "runtime.explore_wait_s=120.0",
-        "runtime.node_timeout_s=240.0", "runtime.planner.num_candidates=[4]", "runtime.planner.num_steps=[3]"])
+        "eval.every=2", "eval.prompts=4", "runtime.trace=null", "runtime.max_wall_s=null",
+        "runtime.explore_wait_s=120.0", "runtime.node_timeout_s=240.0", "runtime.planner.num_candidates=[4]",
+        "runtime.planner.num_steps=[3]"])
 
 
 @pytest.mark.slow

@@ -37,7 +37,7 @@ class BrightnessReward:
 def lora_config(family: str, run_dir: Path, *overrides: str) -> TrainConfig:
     return load_config(TrainConfig, CONFIGS / f"{family}-tiny-lora.yaml", [
         "iterations=2", f"run_dir={run_dir}", "pin_devices=false", "num_threads=1", "checkpoint_every=1",
-        "eval.every=2", *overrides])
+        "eval.every=2", "eval.prompts=4", *overrides])
 
 
 def is_lora(name: str) -> bool:

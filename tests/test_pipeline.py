@@ -107,6 +107,24 @@ def test_the_best_validated_model_is_kept(tiny_base_model, tmp_path):
     assert metadata == {"iteration": best["iteration"], "val/strict_accuracy": best["val/strict_accuracy"]}
 
 
+def test_eval_prompts_validates_on_that_many_prompts_spread_over_every_kind(tiny_base_model, tmp_path):
+    from spotlight.evaluation import validation_subset
+    from spotlight.tasks.registry import get_task
+
+    dataset = get_task("shapes").dataset()
+    subset = validation_subset(dataset.test, 8)
+    assert len(subset) == 8 and len(set(subset)) == 8 and set(subset) <= set(dataset.test)
+    kinds = {dataset.kind_of(prompt) for prompt in dataset.test}
+    assert {dataset.kind_of(prompt) for prompt in subset} == kinds  # evenly spread: no kind left out
+    assert validation_subset(dataset.test, None) == validation_subset(dataset.test, 1000) == dataset.test
+
+    trainer = Trainer(tiny_config(tiny_base_model, tmp_path / "quick", iterations=1, eval__prompts=8))
+    assert trainer.val_prompts == subset
+    history = trainer.run().history
+    accuracy, se = history[-1]["val/strict_accuracy"], history[-1]["val/strict_accuracy_se"]
+    assert se == pytest.approx((accuracy * (1 - accuracy) / 8) ** 0.5)  # 8 prompts x 1 seed were scored
+
+
 def test_starting_over_an_existing_run_asks_for_resume(tiny_base_model, tmp_path):
     config = tiny_config(tiny_base_model, tmp_path / "run", iterations=1)
     train(config)

@@ -30,7 +30,8 @@ def spotlight_config(folder: Path, run_dir: Path) -> TrainConfig:
                     "guidance_scale": 2.0, "negative_prompt": "blurry"},
         "train": {"num_minibatches": 1, "num_epochs": 1},
         "explore": {"monitor_prompts": 1},
-        "eval": {"every": 2, "seeds_per_prompt": 1, "num_steps": 2, "grid_prompts": 2, "raw_model": False},
+        "eval": {"every": 2, "seeds_per_prompt": 1, "num_steps": 2, "grid_prompts": 2, "raw_model": False,
+                 "prompts": 4},
         "runtime": {"trace": None, "max_wall_s": None, "explore_wait_s": 120.0, "node_timeout_s": 240.0,
                     "planner": {"num_candidates": [4], "num_steps": [2]}},
     })
@@ -109,7 +110,7 @@ def test_mode_disaggregated_trains_a_pipeline_folder(tiny_pipeline, tmp_path: Pa
                     "guidance_scale": 2.0},
         "train": {"num_minibatches": 1, "num_epochs": 1, "old_policy_decay": 0.0, "nft_kl_beta": 0.0},
         "explore": {"planner": None},
-        "eval": {"seeds_per_prompt": 1, "num_steps": 2, "grid_prompts": 2, "raw_model": False},
+        "eval": {"seeds_per_prompt": 1, "num_steps": 2, "grid_prompts": 2, "raw_model": False, "prompts": 4},
     })
     summary = train(config)
     assert [record["iteration"] for record in summary.history] == [0, 1, 2]

@@ -18,7 +18,7 @@ runner = CliRunner()
 SMALL = ["-s", "rollout.resolution=32", "-s", "rollout.prompts_per_iteration=2", "-s", "rollout.group_size=2",
          "-s", "rollout.num_steps=2", "-s", "rollout.sde_steps=null", "-s", "train.num_minibatches=1",
          "-s", "train.num_epochs=1", "-s", "eval.seeds_per_prompt=1", "-s", "eval.num_steps=2",
-         "-s", "eval.grid_prompts=2", "-s", "eval.raw_model=false", "-s", "model.lora_rank=2",
+         "-s", "eval.grid_prompts=2", "-s", "eval.raw_model=false", "-s", "eval.prompts=4", "-s", "model.lora_rank=2",
          "-s", "pin_devices=false", "-s", "num_threads=1"]
 
 

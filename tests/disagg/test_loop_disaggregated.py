@@ -21,7 +21,8 @@ from safetensors.torch import load_file
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = ["mode=disaggregated", "iterations=2", "eval.every=100", "eval.seeds_per_prompt=1", "eval.num_steps=2",
-        "eval.raw_model=false", "rollout.prompts_per_iteration=3", "rollout.group_size=4", "rollout.num_steps=4",
+        "eval.prompts=4", "eval.raw_model=false", "rollout.prompts_per_iteration=3", "rollout.group_size=4",
+        "rollout.num_steps=4",
         "rollout.sde_steps=3", "train.num_epochs=1", "train.num_minibatches=1", "train.old_policy_decay=0",
         "train.nft_kl_beta=0", "checkpoint_every=100",
         "runtime.max_wall_s=null"]

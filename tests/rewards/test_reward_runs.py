@@ -34,7 +34,8 @@ def run_config(base: str, run_dir: Path, task: str, reward: dict) -> TrainConfig
         "num_threads": 1, "checkpoint_every": 2, "reward": reward,
         "rollout": {"prompts_per_iteration": 2, "group_size": 3, "num_steps": 2},
         "train": {"num_minibatches": 1, "num_epochs": 1},
-        "eval": {"every": 2, "seeds_per_prompt": 1, "num_steps": 2, "grid_prompts": 2, "raw_model": False}})
+        "eval": {"every": 2, "seeds_per_prompt": 1, "num_steps": 2, "grid_prompts": 2, "raw_model": False,
+                 "prompts": 4}})
 
 
 def metrics(run_dir: Path) -> list[dict]:

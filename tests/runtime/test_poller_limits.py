@@ -27,8 +27,13 @@ def test_a_dripping_endpoint_cannot_hold_a_poll_past_its_timeout(poller_type) ->
 
 @pytest.mark.parametrize("poller_type", POLLERS)
 def test_an_endless_answer_is_cut_at_the_cap(poller_type) -> None:
-    with dripping_server(head=b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n", interval_s=0.0, drip_head=False) as url:
-        assert poller_type(url, node_id="spot-1", timeout_s=5.0).poll() == []
+    with dripping_server(head=b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n", interval_s=0.0, drip_head=False,
+                         chunk_bytes=4096) as url:
+        poller = poller_type(url, node_id="spot-1", timeout_s=5.0)
+        started = time.monotonic()
+        assert poller.poll() == []
+        assert time.monotonic() - started < 2.0  # the cap ended it, not the 5-s deadline
+        assert poller.errors == 1
 
 
 @pytest.mark.parametrize("status", [404, 500])
