@@ -53,6 +53,7 @@ from spotlight.tasks.registry import get_task
 
 MODES = ("vanilla", "sync-explore", "spot-rollout", "spotlight")
 DEVICES = {"vanilla": 1, "sync-explore": 1, "spot-rollout": 2, "spotlight": 2}
+LOAD_FILE = "load_average.json"  # a run's load average at its start and end, kept beside its metrics
 REWARDS = {"mixed": "reward.strict_weight=0.5", "strict": "reward.strict_weight=1.0"}
 
 
@@ -104,6 +105,7 @@ def run_all(jobs: list[Job], log_dir: Path, cores: list[int], pair: bool) -> Non
             if job.process.poll() is not None:
                 running.remove(job)
                 job.load_average["end"] = os.getloadavg()[0]
+                (job.run_dir / LOAD_FILE).write_text(json.dumps(job.load_average))  # for --analyse-only
                 free.extend(job.cores)
                 status = "ok" if job.process.returncode == 0 else f"FAILED (exit {job.process.returncode})"
                 print(f"  done {job.mode} seed {job.seed}: {status}", flush=True)
@@ -151,7 +153,8 @@ def outcome(job: Job, target: float, prices: dict[str, float]) -> dict:
         "phases": phase_seconds(records, reached["iteration"] if reached else None),
         "explore_candidates": (float(np.mean(candidates)) if candidates
                                else float(config.explore.num_candidates) if job.mode == "sync-explore" else None),
-        "load_average": job.load_average,
+        "load_average": job.load_average or (json.loads((job.run_dir / LOAD_FILE).read_text())
+                                             if (job.run_dir / LOAD_FILE).is_file() else None),
     }
 
 
