@@ -199,7 +199,7 @@ class TrainConfig(Section):
     # the dtype of a diffusers policy's frozen parts (LoRA and fully fine-tuned weights stay float32)
     device: Literal["cpu", "cuda"] = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    # the cores the config was loaded on (before the trainer pinned itself to one): the ranks' (`rank_core`)
+    # the cores the config was loaded on (before the trainer pinned itself to one): `_device_core_list`
     _cores: list[int] = PrivateAttr(default_factory=unpinned_cores)
 
     def _device_core_list(self) -> list[int]:

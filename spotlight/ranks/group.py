@@ -87,14 +87,14 @@ class TrainerRank:
         self.optimizer.load_state_dict(optimizer_state)
 
     def update(self, iteration: int, batch: RolloutBatch, previous_state: dict[str, torch.Tensor],
-               section: Any = None) -> dict[str, float]:
-        """One update on this rank; ``section``: the loop's training section this iteration (None: the config's)."""
+               section: Any) -> dict[str, float]:
+        """One update on this rank; ``section``: the loop's training section this iteration (as rank 0's)."""
         from spotlight.rl.rollout_update import rollout_update
         from spotlight.streams import Stream, iteration_generator
 
         self.previous.load_broadcast_state(previous_state)
         generator = iteration_generator(self.config.seed, iteration, Stream.UPDATE)
-        share = RankShare(section if section is not None else self.config.train, self.rank, self.config.trainer.devices)
+        share = RankShare(section, self.rank, self.config.trainer.devices)
         return rollout_update(self.trained, self.previous, self.reference, self.optimizer, batch, share, generator)
 
     def close(self) -> None:
