@@ -306,7 +306,7 @@ class NodeAgent:
             raise AgentError(f"no weights on {self.node_id}: call load_weights() before serving")
         shape = latent_shape_of(self._model_config)
         while not stop.is_set():
-            leases = queue.pull(worker_id, 1, weights_version)
+            leases = queue.pull(worker_id, 1, weights_version, holding=())  # nothing in flight between requests
             if not leases:
                 if queue.remaining(weights_version) == 0:
                     return report

@@ -104,6 +104,8 @@ class QueueStats:
     the request's (the request went back to the queue).
     ``mean_pull_s`` / ``max_pull_s``: service time of ``pull`` inside the queue (wall clock); a
     worker's round trip adds the RPC on top. ``restarts``: times a durable queue rebuilt itself from its log.
+    ``reclaimed``: leases a worker held without knowing it (granted by a pull whose answer was lost to a
+    queue restart and retried), sent back to the queue when the worker's next call declared what it holds.
     """
 
     submitted: int
@@ -124,6 +126,7 @@ class QueueStats:
     mean_pull_s: float
     max_pull_s: float
     restarts: int = 0
+    reclaimed: int = 0
 
 
 @dataclass
@@ -165,7 +168,7 @@ class RequestQueue:
         self._pull_seconds: list[float] = []
         self._counts = dict.fromkeys(
             ("leases_granted", "resumed", "commits", "checkpoints", "stale_commits", "duplicate_completions",
-             "late_completions", "expirations", "cancelled", "wrong_weights"),
+             "late_completions", "expirations", "cancelled", "wrong_weights", "reclaimed"),
             0,
         )
 
@@ -236,17 +239,21 @@ class RequestQueue:
         return {worker: len(ids) for worker, ids in self._leases.items() if ids}
 
     # -- worker side ---------------------------------------------------------------------------
-    def pull(self, worker_id: str, max_requests: int, weights_version: int) -> list[Lease]:
+    def pull(
+        self, worker_id: str, max_requests: int, weights_version: int, holding: Sequence[str] | None = None
+    ) -> list[Lease]:
         """Lease up to ``max_requests`` pending requests of ``weights_version`` to ``worker_id``, resumed ones first.
 
         Returns the leases (possibly none); requests of other versions keep their place in the queue
         for workers that hold their weights. Overdue leases are expired first, so idle workers
         reclaim a vanished worker's requests without a separate timer; the pull also counts as a
-        heartbeat for the worker's other leases.
+        heartbeat for the worker's other leases. ``holding``: the request ids the worker has in
+        flight (see `_reclaim`; None trusts the leases as they stand).
         """
         started = time.perf_counter()
         if max_requests < 0:
             raise QueueError(f"pull(max_requests={max_requests}) must be ≥ 0")
+        self._reclaim(worker_id, holding)
         now = self._clock()
         self.expire(now)
         expires_at = now + self.lease_timeout_s
@@ -272,12 +279,13 @@ class RequestQueue:
         self._pull_seconds.append(time.perf_counter() - started)
         return leases
 
-    def heartbeat(self, worker_id: str) -> list[str]:
+    def heartbeat(self, worker_id: str, holding: Sequence[str] | None = None) -> list[str]:
         """Extend every lease ``worker_id`` holds; returns the ids it still holds.
 
         A worker drops in-flight requests missing from the answer: their leases lapsed and they
-        now belong to the queue again (or to another worker).
+        now belong to the queue again (or to another worker). ``holding``: as for `pull`.
         """
+        self._reclaim(worker_id, holding)
         expires_at = self._clock() + self.lease_timeout_s
         held = self._leases.get(worker_id, set())
         for request_id in held:
@@ -416,6 +424,23 @@ class RequestQueue:
             self._release(entry)
         return True
 
+    def _reclaim(self, worker_id: str, holding: Sequence[str] | None) -> None:
+        """Send back to the queue the leases of ``worker_id`` that are not among ``holding`` (its in-flight ids).
+
+        Such leases exist when a pull was applied but its answer never reached the worker (the queue
+        actor died before replying, and Ray retried the call on the restarted actor, which leased
+        again). Left alone they would never lapse: every later pull and heartbeat of the same worker
+        extends them, so the round would wait forever on requests nobody computes. The worker's
+        calls are sequential, so what it declares is exactly what it computes.
+        """
+        if holding is None:
+            return
+        declared = set(holding)
+        orphans = [self._entries[rid] for rid in self._leases.get(worker_id, ()) if rid not in declared]
+        for entry in sorted(orphans, key=lambda entry: entry.order, reverse=True):
+            self._release(entry)  # appendleft in reverse: they go first, in submission order
+        self._counts["reclaimed"] += len(orphans)
+
     def _release(self, entry: _Entry) -> None:
         """Leased -> pending, keeping the committed state; resumed work goes first."""
         self._leases[entry.worker_id].discard(entry.request.request_id)
@@ -430,9 +455,11 @@ class RequestQueue:
 class QueueClient(Protocol):
     """What a worker needs from the queue; `RequestQueue` (in-process) and `RemoteQueue` (Ray) both fit."""
 
-    def pull(self, worker_id: str, max_requests: int, weights_version: int) -> list[Lease]: ...
+    def pull(
+        self, worker_id: str, max_requests: int, weights_version: int, holding: Sequence[str] | None = None
+    ) -> list[Lease]: ...
 
-    def heartbeat(self, worker_id: str) -> list[str]: ...
+    def heartbeat(self, worker_id: str, holding: Sequence[str] | None = None) -> list[str]: ...
 
     def commit(
         self, worker_id: str, request_id: str, latent: torch.Tensor, step: int, weights_version: int,
@@ -457,11 +484,13 @@ class RemoteQueue:
     def __init__(self, handle: Any) -> None:
         self.handle = handle
 
-    def pull(self, worker_id: str, max_requests: int, weights_version: int) -> list[Lease]:
-        return ray.get(self.handle.pull.remote(worker_id, max_requests, weights_version))
+    def pull(
+        self, worker_id: str, max_requests: int, weights_version: int, holding: Sequence[str] | None = None
+    ) -> list[Lease]:
+        return ray.get(self.handle.pull.remote(worker_id, max_requests, weights_version, holding))
 
-    def heartbeat(self, worker_id: str) -> list[str]:
-        return ray.get(self.handle.heartbeat.remote(worker_id))
+    def heartbeat(self, worker_id: str, holding: Sequence[str] | None = None) -> list[str]:
+        return ray.get(self.handle.heartbeat.remote(worker_id, holding))
 
     def commit(
         self, worker_id: str, request_id: str, latent: torch.Tensor, step: int, weights_version: int,

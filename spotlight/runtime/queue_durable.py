@@ -14,8 +14,8 @@ handed over, every lease (renewed for one lease timeout, so a worker still compu
 every worker that held a request (so its late completion is recognised). Exactly-once survives
 retries because every call is safe to apply twice: a repeated submit of the same request is skipped,
 a repeated completion is a counted duplicate that stores nothing, a repeated commit of a lease that
-was already released is stale, and a repeated pull's first leases (whose answer was lost) expire and
-go back to the queue. The driver reads results with `results_of` and frees them with `forget` in a
+was already released is stale, and a repeated pull's first leases (whose answer was lost) go back to
+the queue at the worker's next call, which declares the requests it holds (`RequestQueue._reclaim`). The driver reads results with `results_of` and frees them with `forget` in a
 second call, so an answer lost to a restart loses no result.
 """
 
@@ -80,6 +80,7 @@ class DurableQueue(RequestQueue):
 
     submit = _logged(RequestQueue.submit)
     pull = _logged(RequestQueue.pull)
+    heartbeat = _logged(RequestQueue.heartbeat)  # it may reclaim leases (RequestQueue._reclaim)
     commit = _logged(RequestQueue.commit)
     complete = _logged(RequestQueue.complete)
     complete_many = _logged(RequestQueue.complete_many)

@@ -224,7 +224,7 @@ def worker_loop(
         started = time.perf_counter()
         free = settings.capacity - len(in_flight)
         if free > 0 and (not in_flight or started >= next_pull):
-            leases = queue.pull(worker_id, free, weights_version)
+            leases = queue.pull(worker_id, free, weights_version, holding=list(in_flight))
             report.pull_round_trip_s.append(time.perf_counter() - started)
             for lease in leases:  # a re-leased request replaces a stale copy of itself
                 in_flight[lease.request.request_id] = _start(model, lease)
@@ -251,7 +251,7 @@ def worker_loop(
                                                        weights_version, keep_lease=True)
                     item.steps_since_commit = 0
         if time.perf_counter() - last_heartbeat >= settings.heartbeat_s:
-            held = set(queue.heartbeat(worker_id))
+            held = set(queue.heartbeat(worker_id, holding=list(in_flight)))
             last_heartbeat = time.perf_counter()
             for request_id in [rid for rid in in_flight if rid not in held]:
                 del in_flight[request_id]

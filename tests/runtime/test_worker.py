@@ -189,6 +189,41 @@ def test_a_worker_drops_requests_whose_lease_lapsed_and_never_completes_them(mod
     assert all(torch.equal(result, torch.zeros(model.config.latent_shape)) for result in queue.results().values())
 
 
+class LosesPullAnswers:
+    """A `RequestQueue` whose pull answers are lost on the way back, as when the queue actor dies after
+    applying a pull and Ray retries the call on the restarted actor: the pull is applied twice and the
+    worker sees only the second answer (``lost``: pull calls whose first answer is dropped, 1-based)."""
+
+    def __init__(self, queue: RequestQueue, lost: set[int]) -> None:
+        self.queue, self.lost, self.pulls = queue, lost, 0
+
+    def pull(self, *args: object, **kwargs: object) -> list:
+        self.pulls += 1
+        if self.pulls in self.lost:
+            self.queue.pull(*args, **kwargs)  # applied and logged; its answer never arrives
+        return self.queue.pull(*args, **kwargs)  # Ray's retry
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.queue, name)
+
+
+def test_leases_whose_pull_answer_was_lost_go_back_to_the_queue_and_the_round_finishes(model: TinyDiT) -> None:
+    requests = make_requests(6)
+    queue = RequestQueue(lease_timeout_s=3600.0)  # no lapse can rescue the lost leases in this test's time
+    queue.submit(requests)
+    lossy = LosesPullAnswers(queue, lost={1, 3})
+    finished: list = []
+    loop = threading.Thread(daemon=True, target=lambda: finished.append(worker_loop(
+        lossy, "a", model, settings(capacity=2, heartbeat_s=1e-6), threading.Event(), weights_version=0)))
+    loop.start()
+    loop.join(timeout=60)
+    assert finished, "the worker never drained: leases granted by a lost pull answer were never released"
+    assert finished[0].stopped_by == "drained" and finished[0].completed == 6
+    stats = queue.stats()  # every lease a lost answer granted was reclaimed, and every request leased anew
+    assert stats.reclaimed > 0 and stats.leases_granted == 6 + stats.reclaimed and queue.remaining() == 0
+    assert_bit_identical(queue.results(), reference(model, requests))
+
+
 def test_a_device_still_holding_theta_v_cannot_complete_a_request_for_theta_v_plus_1(model: TinyDiT) -> None:
     old_round = make_requests(2)  # θ_0's round, cancelled before it was done
     next_round = [Request(f"n{r.request_id}", r.prompt, r.seed, r.plan, weights_version=1) for r in make_requests(3)]
