@@ -43,7 +43,8 @@ from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
 from spotlight.runtime.elastic_sp import ElasticSPSettings, run_elastic_sp
 from spotlight.runtime.local_spot_nodes import LocalSpotNodes
 from spotlight.runtime.preemption import TraceReplay
-from spotlight.runtime.queue import Request, start_queue_actor
+from spotlight.runtime.queue import Request
+from spotlight.runtime.queue_remote import start_queue_actor
 from spotlight.runtime.worker import model_weights
 
 CONFIG = TinyDiTConfig(image_size=32, patch_size=4, dim=128, depth=4, num_heads=4)  # 64 + 12 tokens

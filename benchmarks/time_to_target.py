@@ -158,6 +158,25 @@ def outcome(job: Job, target: float, prices: dict[str, float]) -> dict:
     }
 
 
+def earlier_outcomes(path: Path, target: float, modes: list[str], have: set[tuple[str, int]]) -> list[dict]:
+    """The runs of ``modes`` recorded in an earlier JSON of this benchmark that this invocation did not run.
+
+    Why: a run directory is scratch (a fresh machine has none), but every run's curve and phases are in
+    the JSON; a seed added later joins the earlier ones without re-running them. Refused unless the
+    earlier runs chased the same target (same base model, reward and validation settings).
+    """
+    if not path.is_file():
+        raise SystemExit(f"--merge {path}: no such file; give a JSON this benchmark wrote (benchmarks/results/)")
+    earlier = json.loads(path.read_text())
+    if abs(earlier["target"] - target) > 1e-6:
+        raise SystemExit(f"--merge {path}: its runs chased target {earlier['target']:.4f}, these {target:.4f}: "
+                         "merge only runs with the same reward, gain and validation settings")
+    kept = [run for run in earlier["runs"] if run["mode"] in modes and (run["mode"], run["seed"]) not in have]
+    for run in kept:
+        run.setdefault("commit", earlier.get("commit"))  # where it came from, as its table row can't say
+    return kept
+
+
 def spread(values: list[float | None], runs: int) -> dict:
     """Median, min, max over the runs that reached the target; a run that did not counts as not reached."""
     reached = [v for v in values if v is not None]
@@ -236,6 +255,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=None, help="default: benchmarks/results/time_to_target[_strict].json")
     parser.add_argument("--analyse-only", action="store_true",
                         help="summarise finished runs in --runs-dir (their own target) without running")
+    parser.add_argument("--merge", type=Path, default=None,
+                        help="an earlier JSON of this benchmark (same reward and target): its runs of --modes join "
+                             "the table where this invocation has no run of that mode and seed")
     args = parser.parse_args(argv)
     too_big = [mode for mode in args.modes if DEVICES[mode] > len(args.cores)]
     if too_big and not args.analyse_only:
@@ -269,7 +291,10 @@ def main(argv: list[str] | None = None) -> None:
     table = default_prices(config.runtime.prices.instance, config.runtime.prices.on_demand_per_gpu_hour,
                            config.runtime.prices.spot_per_gpu_hour)
     prices = {"on_demand_per_hour": table.on_demand_per_hour, "spot_per_hour": table.spot_per_hour}
-    outcomes = [outcome(job, target, prices) for job in jobs if job.finished]
+    outcomes = [outcome(job, target, prices) | {"commit": git_commit()} for job in jobs if job.finished]
+    if args.merge is not None:
+        outcomes += earlier_outcomes(args.merge, target, args.modes, {(o["mode"], o["seed"]) for o in outcomes})
+        outcomes.sort(key=lambda o: (DEVICES[o["mode"]], o["mode"], o["seed"]))
     summary = summarise(outcomes, args.modes)
     print(f"\n{'mode':14s} {'reached':>8s} {'wall to target (min) med [min-max]':>36s} "
           f"{'$ to target med':>16s} {'iters med':>10s} {'vs vanilla':>11s} {'vs sync':>8s}")

@@ -23,7 +23,7 @@ from spotlight.pipeline import train
 from spotlight.rl.checkpoint import load_model
 from spotlight.runtime.device import SpotDevice
 from spotlight.runtime.pools import LocalCluster
-from spotlight.runtime.queue import start_queue_actor
+from spotlight.runtime.queue_remote import start_queue_actor
 from spotlight.runtime.worker import WorkerSettings, model_weights
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "sd3-tiny-lora.yaml"

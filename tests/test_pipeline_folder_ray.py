@@ -18,7 +18,7 @@ from spotlight.rl.checkpoint import load_model
 from spotlight.rollout import rollout_plan
 from spotlight.runtime.device import SpotDevice
 from spotlight.runtime.pools import LocalCluster
-from spotlight.runtime.queue import start_queue_actor
+from spotlight.runtime.queue_remote import start_queue_actor
 from spotlight.runtime.worker import WorkerSettings, model_weights
 
 

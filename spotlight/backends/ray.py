@@ -35,7 +35,8 @@ from spotlight.modes import Mode
 from spotlight.rollout import group_requests, rollout_plan
 from spotlight.run_error import RunError
 from spotlight.runtime.device import ComputeClock
-from spotlight.runtime.queue import RemoteQueue, Request
+from spotlight.runtime.queue import Request
+from spotlight.runtime.queue_remote import RemoteQueue
 from spotlight.runtime.rounds import Round, results_in_order
 from spotlight.runtime.spot_cluster import ON_DEMAND, SpotCluster
 from spotlight.runtime.usage import IterationMarks, iteration_usage

@@ -39,7 +39,8 @@ import torch.distributed as dist
 from spotlight.diffusion.noise import initial_latents
 from spotlight.models.rebuild import ModelConfig, config_from_description, describe_config
 from spotlight.runtime.device_processes import AgentError, DeviceProcesses, GroupBroken
-from spotlight.runtime.queue import QueueClient, RemoteQueue, Request
+from spotlight.runtime.queue import Request
+from spotlight.runtime.queue_remote import QueueClient, RemoteQueue
 from spotlight.runtime.reconfigure import SPGroup, device_id, node_of
 from spotlight.runtime.sp_policy import latent_shape_of
 from spotlight.tasks.registry import get_task

@@ -26,9 +26,9 @@ A commit from a worker that no longer holds the lease is stale and rejected, so 
 roll a request back.
 
 `RequestQueue` is a plain class with an injectable clock, so every rule above is unit-tested without
-Ray; `start_queue_actor` runs it as one Ray actor pinned to the on-demand node, whose calls Ray
-serialises, so the class needs no locks. `RemoteQueue` gives workers the same blocking interface
-over a Ray actor handle that the plain class offers in-process. Every change of a request passes
+Ray; `spotlight.runtime.queue_remote` runs it as one Ray actor pinned to the on-demand node, whose
+calls Ray serialises (so the class needs no locks), and gives workers the same blocking interface over
+the actor handle that the plain class offers in-process. Every change of a request passes
 through `RequestQueue._note`, which `spotlight.runtime.queue_durable` writes to a write-ahead log so
 that a restarted queue actor rebuilds its state.
 """
@@ -39,23 +39,18 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Literal
 
-import ray
 import torch
 
 from spotlight.diffusion.sampler import SamplingPlan
 
 __all__ = [
     "Lease",
-    "QueueActor",
-    "QueueClient",
     "QueueError",
     "QueueStats",
-    "RemoteQueue",
     "Request",
     "RequestQueue",
-    "start_queue_actor",
 ]
 
 Status = Literal["pending", "leased", "done"]
@@ -450,79 +445,3 @@ class RequestQueue:
 
     def _note(self, entry: _Entry, change: str) -> None:
         """Hook: ``entry`` just changed (``change`` says how); a durable queue logs it, this one keeps nothing."""
-
-
-class QueueClient(Protocol):
-    """What a worker needs from the queue; `RequestQueue` (in-process) and `RemoteQueue` (Ray) both fit."""
-
-    def pull(
-        self, worker_id: str, max_requests: int, weights_version: int, holding: Sequence[str] | None = None
-    ) -> list[Lease]: ...
-
-    def heartbeat(self, worker_id: str, holding: Sequence[str] | None = None) -> list[str]: ...
-
-    def commit(
-        self, worker_id: str, request_id: str, latent: torch.Tensor, step: int, weights_version: int,
-        keep_lease: bool = False,
-    ) -> bool: ...
-
-    def complete(self, worker_id: str, request_id: str, result: torch.Tensor, weights_version: int) -> bool: ...
-
-    def complete_many(
-        self, worker_id: str, results: Sequence[tuple[str, torch.Tensor]], weights_version: int
-    ) -> list[bool]: ...
-
-    def remaining(self, weights_version: int | None = None) -> int: ...
-
-
-QueueActor = ray.remote(RequestQueue)
-
-
-class RemoteQueue:
-    """Blocking calls to a queue actor, so a worker loop runs the same against Ray or in-process."""
-
-    def __init__(self, handle: Any) -> None:
-        self.handle = handle
-
-    def pull(
-        self, worker_id: str, max_requests: int, weights_version: int, holding: Sequence[str] | None = None
-    ) -> list[Lease]:
-        return ray.get(self.handle.pull.remote(worker_id, max_requests, weights_version, holding))
-
-    def heartbeat(self, worker_id: str, holding: Sequence[str] | None = None) -> list[str]:
-        return ray.get(self.handle.heartbeat.remote(worker_id, holding))
-
-    def commit(
-        self, worker_id: str, request_id: str, latent: torch.Tensor, step: int, weights_version: int,
-        keep_lease: bool = False,
-    ) -> bool:
-        return ray.get(self.handle.commit.remote(worker_id, request_id, latent, step, weights_version, keep_lease))
-
-    def complete(self, worker_id: str, request_id: str, result: torch.Tensor, weights_version: int) -> bool:
-        return ray.get(self.handle.complete.remote(worker_id, request_id, result, weights_version))
-
-    def complete_many(
-        self, worker_id: str, results: Sequence[tuple[str, torch.Tensor]], weights_version: int
-    ) -> list[bool]:
-        return ray.get(self.handle.complete_many.remote(worker_id, list(results), weights_version))
-
-    def remaining(self, weights_version: int | None = None) -> int:
-        return ray.get(self.handle.remaining.remote(weights_version))
-
-
-def start_queue_actor(lease_timeout_s: float = 10.0, resource: str | None = "on_demand") -> Any:
-    """Start the queue as a Ray actor and return its handle.
-
-    The queue is the one piece whose loss loses work, so it is pinned to a node that offers the
-    custom ``resource`` (the on-demand node; ``None`` places it anywhere). It takes no CPU slot and
-    serves one call at a time, which is what makes every `RequestQueue` method atomic.
-    """
-    options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1}
-    if resource is not None:
-        if ray.cluster_resources().get(resource, 0) <= 0:
-            raise QueueError(
-                f"no Ray node offers the resource {resource!r} to pin the queue to: start the on-demand "
-                f"node with resources={{{resource!r}: 1}}, or pass resource=None"
-            )
-        options["resources"] = {resource: 0.001}
-    return QueueActor.options(**options).remote(lease_timeout_s=lease_timeout_s)

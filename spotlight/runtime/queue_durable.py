@@ -15,8 +15,9 @@ every worker that held a request (so its late completion is recognised). Exactly
 retries because every call is safe to apply twice: a repeated submit of the same request is skipped,
 a repeated completion is a counted duplicate that stores nothing, a repeated commit of a lease that
 was already released is stale, and a repeated pull's first leases (whose answer was lost) go back to
-the queue at the worker's next call, which declares the requests it holds (`RequestQueue._reclaim`). The driver reads results with `results_of` and frees them with `forget` in a
-second call, so an answer lost to a restart loses no result.
+the queue at the worker's next call, which declares the requests it holds (`RequestQueue._reclaim`).
+The driver reads results with `results_of` and frees them with `forget` in a second call, so an
+answer lost to a restart loses no result.
 """
 
 from __future__ import annotations
@@ -171,7 +172,7 @@ def start_durable_queue_actor(log_path: str | Path, lease_timeout_s: float = 10.
                               resource: str | None = "on_demand") -> Any:
     """Start a `DurableQueue` actor logging to ``log_path`` that Ray restarts (replaying the log) when it dies.
 
-    Pinned to a node offering ``resource`` like `spotlight.runtime.queue.start_queue_actor`; the log must
+    Pinned to a node offering ``resource`` like `spotlight.runtime.queue_remote.start_queue_actor`; the log must
     be on that node's disk (the on-demand node: the driver's, where the run directory is).
     """
     options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1, "max_restarts": -1, "max_task_retries": -1}

@@ -41,7 +41,8 @@ from spotlight.diffusion.sampler import SamplingPlan, VelocityFn, sample
 from spotlight.generation import prompt_tokens
 from spotlight.models.policy import Policy
 from spotlight.models.rebuild import ModelConfig, policy_from_config
-from spotlight.runtime.queue import Lease, QueueClient, RemoteQueue
+from spotlight.runtime.queue import Lease
+from spotlight.runtime.queue_remote import QueueClient, RemoteQueue
 
 __all__ = [
     "DenoiseWorker",

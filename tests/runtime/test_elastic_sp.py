@@ -24,7 +24,8 @@ from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.models.tinydit import TinyDiTConfig
 from spotlight.runtime.agent import ServeReport
 from spotlight.runtime.elastic_sp import ElasticSP, ElasticSPSettings, serve_until_drained
-from spotlight.runtime.queue import RemoteQueue, Request, start_queue_actor
+from spotlight.runtime.queue import Request
+from spotlight.runtime.queue_remote import RemoteQueue, start_queue_actor
 from spotlight.runtime.reconfigure import SPGroup
 
 CONFIG = TinyDiTConfig(image_size=16, patch_size=4, dim=32, depth=1, num_heads=4)

@@ -32,7 +32,8 @@ from test_worker import reference  # the fault-free path, shared with the worker
 
 from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.rl.checkpoint import load_model
-from spotlight.runtime.queue import Request, start_queue_actor
+from spotlight.runtime.queue import Request
+from spotlight.runtime.queue_remote import start_queue_actor
 from spotlight.runtime.worker import DenoiseWorker, WorkerReport, WorkerSettings, model_weights
 from spotlight.tasks.shapes import all_prompts
 

@@ -35,7 +35,7 @@ import psutil
 import ray
 from listening_sockets import listening_of_tree
 from spotlight.runtime.pools import LocalCluster
-from spotlight.runtime.queue import start_queue_actor
+from spotlight.runtime.queue_remote import start_queue_actor
 os.sched_setaffinity(0, {{0}})  # the trainer's core
 cluster = LocalCluster(node_timeout_s=240.0, control_cores=[1])
 try:

@@ -21,7 +21,8 @@ from spotlight.diffusion.sampler import SamplingPlan, sample
 from spotlight.generation import prompt_tokens, velocity_fn
 from spotlight.models.tinydit import TinyDiT
 from spotlight.rl.checkpoint import load_model
-from spotlight.runtime.queue import Request, RequestQueue, start_queue_actor
+from spotlight.runtime.queue import Request, RequestQueue
+from spotlight.runtime.queue_remote import start_queue_actor
 from spotlight.runtime.worker import (
     DenoiseWorker,
     WorkerConfigError,
