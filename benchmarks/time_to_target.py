@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"one spot core buys {spot_core['candidates_per_prompt']:.1f} candidates per prompt per update "
               f"({spot_core['update_s']:.2f} s update / {spot_core['candidate_s'] * 1000:.1f} ms per candidate)")
     payload = {"benchmark": "time_to_target", "decomposition": decomposition, "spot_core": spot_core,
-               "commit": git_commit(), "machine": machine(), "args": vars(args),
+               "commit": git_commit(), "machine": machine(), "args": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()},
                "base_strict": base, "base_strict_se": base_se, "target": target, "prices": prices,
                "load_average_before": load_before, "load_average_after": os.getloadavg(),
                "elapsed_s": time.time() - started, "summary": summary, "runs": outcomes,
