@@ -158,8 +158,8 @@ def outcome(job: Job, target: float, prices: dict[str, float]) -> dict:
     }
 
 
-def earlier_outcomes(path: Path, target: float, modes: list[str], have: set[tuple[str, int]]) -> list[dict]:
-    """The runs of ``modes`` recorded in an earlier JSON of this benchmark that this invocation did not run.
+def earlier_outcomes(path: Path, target: float, have: set[tuple[str, int]]) -> list[dict]:
+    """The runs recorded in an earlier JSON of this benchmark whose (mode, seed) this invocation did not run.
 
     Why: a run directory is scratch (a fresh machine has none), but every run's curve and phases are in
     the JSON; a seed added later joins the earlier ones without re-running them. Refused unless the
@@ -171,7 +171,7 @@ def earlier_outcomes(path: Path, target: float, modes: list[str], have: set[tupl
     if abs(earlier["target"] - target) > 1e-6:
         raise SystemExit(f"--merge {path}: its runs chased target {earlier['target']:.4f}, these {target:.4f}: "
                          "merge only runs with the same reward, gain and validation settings")
-    kept = [run for run in earlier["runs"] if run["mode"] in modes and (run["mode"], run["seed"]) not in have]
+    kept = [run for run in earlier["runs"] if (run["mode"], run["seed"]) not in have]
     for run in kept:
         run.setdefault("commit", earlier.get("commit"))  # where it came from, as its table row can't say
     return kept
@@ -256,8 +256,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--analyse-only", action="store_true",
                         help="summarise finished runs in --runs-dir (their own target) without running")
     parser.add_argument("--merge", type=Path, default=None,
-                        help="an earlier JSON of this benchmark (same reward and target): its runs of --modes join "
-                             "the table where this invocation has no run of that mode and seed")
+                        help="an earlier JSON of this benchmark (same reward and target): its runs join the table "
+                             "where this invocation has no run of that mode and seed (e.g. re-run one mode only)")
     args = parser.parse_args(argv)
     too_big = [mode for mode in args.modes if DEVICES[mode] > len(args.cores)]
     if too_big and not args.analyse_only:
@@ -293,12 +293,13 @@ def main(argv: list[str] | None = None) -> None:
     prices = {"on_demand_per_hour": table.on_demand_per_hour, "spot_per_hour": table.spot_per_hour}
     outcomes = [outcome(job, target, prices) | {"commit": git_commit()} for job in jobs if job.finished]
     if args.merge is not None:
-        outcomes += earlier_outcomes(args.merge, target, args.modes, {(o["mode"], o["seed"]) for o in outcomes})
-        outcomes.sort(key=lambda o: (DEVICES[o["mode"]], o["mode"], o["seed"]))
-    summary = summarise(outcomes, args.modes)
+        outcomes += earlier_outcomes(args.merge, target, {(o["mode"], o["seed"]) for o in outcomes})
+        outcomes.sort(key=lambda o: (MODES.index(o["mode"]), o["seed"]))
+    modes = [mode for mode in MODES if mode in args.modes or any(o["mode"] == mode for o in outcomes)]
+    summary = summarise(outcomes, modes)
     print(f"\n{'mode':14s} {'reached':>8s} {'wall to target (min) med [min-max]':>36s} "
           f"{'$ to target med':>16s} {'iters med':>10s} {'vs vanilla':>11s} {'vs sync':>8s}")
-    for mode in args.modes:
+    for mode in modes:
         row = summary[mode]
         wall, usd, iters = row["wall_s_to_target"], row["usd_to_target"], row["iterations_to_target"]
 
@@ -310,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{fmt(usd['median'], 1, 4):>16s} {fmt(iters['median'], 1, 0):>10s} "
               f"{fmt(row.get('wall_s_to_target_vs_vanilla'), 1, 2):>11s} "
               f"{fmt(row.get('wall_s_to_target_vs_sync-explore'), 1, 2):>8s}")
-    decomposition = decompose(outcomes, args.modes)
+    decomposition = decompose(outcomes, modes)
     spot_core = affordable_candidates(outcomes, config.rollout.prompts_per_iteration)
     print("\nwhere the time goes (medians; seconds per iteration over the iterations to target):")
     print(format_table(decomposition))
@@ -318,7 +319,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"one spot core buys {spot_core['candidates_per_prompt']:.1f} candidates per prompt per update "
               f"({spot_core['update_s']:.2f} s update / {spot_core['candidate_s'] * 1000:.1f} ms per candidate)")
     payload = {"benchmark": "time_to_target", "decomposition": decomposition, "spot_core": spot_core,
-               "commit": git_commit(), "machine": machine(), "args": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()},
+               "commit": git_commit(), "machine": machine(),
+               "args": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()},
                "base_strict": base, "base_strict_se": base_se, "target": target, "prices": prices,
                "load_average_before": load_before, "load_average_after": os.getloadavg(),
                "elapsed_s": time.time() - started, "summary": summary, "runs": outcomes,
@@ -327,7 +329,7 @@ def main(argv: list[str] | None = None) -> None:
                                                                if o["mode"] == mode]},
                                 "iterations_to_target": {"values": [o["iterations_to_target"] or math.inf
                                                                     for o in outcomes if o["mode"] == mode]}}
-                         for mode in args.modes},
+                         for mode in modes},
                "failed": [f"{job.mode} seed {job.seed}" for job in jobs if not job.finished]}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(payload, indent=2))

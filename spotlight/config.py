@@ -148,6 +148,9 @@ class ExploreSection(Section):
     sampler: Literal["sde", "ode"] = "sde"
     staleness_floor: float = Field(0.3, ge=-1, le=1)
     monitor_prompts: int = Field(4, ge=0)
+    # the staleness monitor re-scores every monitor_every-th round: it shares the round's devices and
+    # budget (4 of 16 prompts: a fifth of the round), which candidates need more than a τ each round
+    monitor_every: int = Field(4, ge=1)
     planner: PlannerSection | None = None
     initial_budget_s: float = Field(5.0, gt=0)
 

@@ -49,6 +49,7 @@ from spotlight.data.metadata_reward import bind_metadata
 from spotlight.disagg.loop_update import GroupedUpdate
 from spotlight.disagg.versions import VersionGate
 from spotlight.evaluation import evaluate, validation_subset
+from spotlight.explore.fidelity import preview_fidelity
 from spotlight.explore.planner import ExplorationPlanner, PlannerSection
 from spotlight.explore.staleness import StalenessMonitor
 from spotlight.loop_model import LoopModel
@@ -390,9 +391,18 @@ class Trainer:
         return score_rollout(self.model, prompts, seeds, samples, self.config, self.reward)  # reward → advantages
 
     def observe_plan(self, seeds: Exploration, scored: Rollout | GroupStream) -> None:
-        """Tell the planner the reward variance its plan's seeds gave (its bandit's reward)."""
-        if self.planner is not None and seeds.plan is not None:
+        """Tell the planner the reward variance its plan's seeds gave (its bandit's reward), and how well its
+        preview predicted their rollout rewards (`explore.fidelity`; logged as ``explore/preview_fidelity``)."""
+        if seeds.plan is None:  # random seeds
+            return
+        if self.planner is not None:
             self.planner.observe_reward(seeds.plan, scored.metrics["rollout/group_reward_var"])
+        rewards = getattr(scored, "rewards", None)  # a streamed rollout's groups are scored as they train
+        if seeds.preview is not None and rewards is not None and seeds.preview.shape == rewards.shape:
+            fidelity = preview_fidelity(seeds.preview, rewards)
+            scored.metrics["explore/preview_fidelity"] = fidelity
+            if self.planner is not None:
+                self.planner.observe_fidelity(seeds.plan, fidelity)
 
     def update(self, iteration: int, scored: Rollout | GroupStream) -> dict[str, float]:
         """θ_i → θ_{i+1} on a scored rollout (θ_old,i kept as ``previous``); the update's metrics and time/train_s.

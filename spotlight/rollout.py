@@ -27,10 +27,14 @@ __all__ = ["Rollout", "group_metrics", "group_requests", "rollout", "rollout_met
 
 @dataclass
 class Rollout:
-    """A scored rollout: the update's batch plus the numbers logged about it."""
+    """A scored rollout: the update's batch plus the numbers logged about it.
+
+    ``rewards``: (P, G) each sample's reward, NaN where scoring failed (what exploration's preview is checked against).
+    """
 
     batch: RolloutBatch
     metrics: dict[str, float]
+    rewards: torch.Tensor | None = None
 
 
 def rollout_plan(config: TrainConfig) -> SamplingPlan:
@@ -108,4 +112,4 @@ def score_rollout(model: LoopModel, prompts: list[str], seeds: torch.Tensor, tra
         advantages=advantages.reshape(-1), sigmas=plan.sigmas(), noise_level=section.noise_level,
         stochastic_steps=plan.stochastic_steps,
     )
-    return Rollout(batch=batch, metrics=metrics)
+    return Rollout(batch=batch, metrics=metrics, rewards=torch.where(valid, rewards, torch.nan))

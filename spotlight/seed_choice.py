@@ -24,11 +24,16 @@ __all__ = ["Exploration", "explore", "select_explored"]
 
 @dataclass
 class Exploration:
-    """Seeds (P, G) for a rollout, what choosing them measured, and the plan that explored them (None: random)."""
+    """Seeds (P, G) for a rollout, what choosing them measured, and the plan that explored them (None: random).
+
+    ``preview``: the (P, G) rewards the exploration scored for the chosen seeds (None: random seeds), which
+    the rollout's own rewards of the same seeds check (`spotlight.explore.fidelity`).
+    """
 
     seeds: torch.Tensor
     metrics: dict[str, float] = field(default_factory=dict)
     plan: ExplorePlan | None = None
+    preview: torch.Tensor | None = None
 
 
 def explore(
@@ -53,4 +58,4 @@ def select_explored(rewards: torch.Tensor, candidates: torch.Tensor, config: Tra
         "explore/candidate_reward_std": float(rewards.nan_to_num(0).std(dim=1, unbiased=False).mean()),
         "explore/degenerate_prompts": float(selection.degenerate.float().mean()),
     }
-    return Exploration(seeds=selection.seeds, metrics=metrics)
+    return Exploration(seeds=selection.seeds, metrics=metrics, preview=torch.gather(rewards, 1, selection.indices))

@@ -110,10 +110,12 @@ def test_resuming_a_lora_run_gives_the_lora_weights_of_an_uninterrupted_run(vani
 
 def test_stale_explore_runs_a_lora_policy(tmp_path) -> None:
     run_dir = tmp_path / "run"
-    summary = train(lora_config("sd3", run_dir, "mode=stale-explore"), reward=BrightnessReward())
+    summary = train(lora_config("sd3", run_dir, "mode=stale-explore", "explore.monitor_every=1"),
+                    reward=BrightnessReward())
     assert [record["iteration"] for record in summary.history] == [0, 1, 2]
     assert all("staleness/kendall_tau" in record and "explore/selected_reward_std" in record
                for record in summary.history[1:])
+    assert all(-1.0 <= record["explore/preview_fidelity"] <= 1.0 for record in summary.history[1:])  # brightness varies
 
 
 def test_spotlight_train_with_the_sd3_config_runs_from_the_command_line(tmp_path) -> None:

@@ -52,6 +52,7 @@ def test_each_mode_writes_config_metrics_grids_and_checkpoints(tiny_base_model, 
         assert "staleness/kendall_tau" in records[1]
     if mode != "vanilla":
         assert "explore/selected_reward_std" in records[1]
+        assert "explore/preview_fidelity" in records[1]  # the preview checked against the rollout (NaN: none varied)
 
 
 class BrightnessReward:

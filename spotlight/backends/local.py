@@ -105,6 +105,8 @@ class LocalBackend:
         """Rank a sample of prompts' candidates with the fresh weights θ_i too; log Kendall τ and overlap."""
         view = self.view
         sample = min(view.config.explore.monitor_prompts, len(prompts))
+        if iteration % view.config.explore.monitor_every:  # every k-th iteration: it runs on the critical path
+            sample = 0
         if sample == 0:
             return {}
         generator = iteration_generator(view.config.seed, iteration, Stream.SELECTION)

@@ -77,7 +77,8 @@ def explored_state(explored: Explored) -> dict[str, Any]:
     round_, chosen = explored.round, explored.exploration
     return {"target": round_.target, "version": round_.version, "plan": _plan_state(round_.plan),
             "prompts": round_.prompts, "candidates": round_.candidates.tolist(),
-            "plan_metrics": round_.plan_metrics, "seeds": chosen.seeds.tolist(), "metrics": chosen.metrics}
+            "plan_metrics": round_.plan_metrics, "seeds": chosen.seeds.tolist(), "metrics": chosen.metrics,
+            "preview": None if chosen.preview is None else chosen.preview.tolist()}
 
 
 def explored_from_state(state: dict[str, Any]) -> Explored:
@@ -85,7 +86,9 @@ def explored_from_state(state: dict[str, Any]) -> Explored:
     plan = ExplorePlan(**state["plan"])
     round_ = Round(state["target"], state["version"], plan, state["prompts"], torch.tensor(state["candidates"]),
                    ids=[], drained=True, plan_metrics=state["plan_metrics"])
-    return Explored(round_, Exploration(torch.tensor(state["seeds"]), dict(state["metrics"]), plan))
+    preview = state.get("preview")  # absent from checkpoints written before preview fidelity
+    return Explored(round_, Exploration(torch.tensor(state["seeds"]), dict(state["metrics"]), plan,
+                                        None if preview is None else torch.tensor(preview, dtype=torch.float64)))
 
 
 def monitor_state(monitor: PendingMonitor) -> dict[str, Any]:
@@ -266,7 +269,9 @@ class RayBackend:
         else:
             decision = view.planner.choose(budget, num_devices=devices, num_prompts=len(prompts))
         plan_metrics = {"planner/budget_s": budget_s, "planner/predicted_s": decision.predicted_time_s,
-                        "planner/feasible_arms": float(len(decision.feasible_arms)), "planner/spot_devices": devices}
+                        "planner/feasible_arms": float(len(decision.feasible_arms)), "planner/spot_devices": devices,
+                        "planner/round_budget_s": budget,
+                        "planner/unfaithful_depths": float(len(decision.unfaithful_steps))}
         if decision.plan is None:
             self.monitor_round = None
             return plan_metrics
@@ -341,6 +346,8 @@ class RayBackend:
         self.explored = Explored(round_, exploration)
         if self.mode is Mode.SPOTLIGHT:
             m = min(config.explore.monitor_prompts, len(round_.prompts))
+            if round_.target % config.explore.monitor_every:  # re-scored in the next round only every k-th
+                m = 0
             self.monitor_round = None if m == 0 else PendingMonitor(
                 round_.target, round_.plan, round_.prompts[:m], round_.candidates[:m], rewards[:m],
                 exploration.seeds[:m], ids=[])

@@ -65,6 +65,7 @@ class PlannerSection(Section):
     budget_fraction: float = Field(0.95, gt=0, le=1)
     monotone: bool = True
     prior_cost_per_candidate_step_s: float | None = Field(None, gt=0)
+    min_fidelity_ratio: float = Field(0.5, ge=0, le=1)  # drop a preview depth below this × the best's fidelity
     seed: int = 0
 
     @field_validator("num_candidates", "num_steps")
@@ -88,6 +89,7 @@ class Decision:
     feasible_arms: the arms predicted to fit the budget; scores: the UCB score of each arm the
     rule considered (the feasible arms not dominated by another feasible arm, see `monotone`).
     calibrating: True when no timing was known yet and the cheapest arm is run to measure one.
+    unfaithful_steps: preview depths S left out this round because their measured fidelity fell short.
     """
 
     plan: ExplorePlan | None
@@ -95,6 +97,7 @@ class Decision:
     feasible_arms: tuple[ExplorePlan, ...]
     scores: dict[ExplorePlan, float]
     calibrating: bool = False
+    unfaithful_steps: tuple[int, ...] = ()
 
 
 class ExplorationPlanner:
@@ -143,6 +146,14 @@ class ExplorationPlanner:
     the budget. With no prior and no timing yet, the cheapest arm is run once to calibrate
     (`Decision.calibrating`); pass a prior or call observe_cost with a calibration timing to avoid
     that.
+
+    Preview fidelity (`observe_fidelity`, `spotlight.explore.fidelity`). How well an S-step preview
+    predicts the rollout's rewards of the seeds it chose is a property of S, measured every round
+    without extra work, and far less noisy than the variance it costs. A depth whose discounted
+    fidelity is below `min_fidelity_ratio` × the best measured depth's is left out of the feasible
+    arms (unless nothing else fits): its rounds would choose seeds by noise. Unmeasured depths stay
+    in, so each is tried; discounting (γ) lets a left-out depth back in when the others' fidelity falls.
+    So the grid is cut to the depths that predict, by measurement, on each model and reward.
     """
 
     def __init__(self, config: PlannerSection | None = None) -> None:
@@ -156,6 +167,9 @@ class ExplorationPlanner:
         self._scale_weight = 0.0
         self._arm_cost = np.full(num_arms, np.nan)  # EMA seconds per candidate·step, NaN = unmeasured
         self._pooled_cost = math.nan
+        num_depths = len(self.config.num_steps)
+        self._fidelity_sums = np.zeros(num_depths)  # discounted sum and weight of fidelity per preview depth S
+        self._fidelity_weights = np.zeros(num_depths)
         self._rng = np.random.default_rng(self.config.seed)
 
     # --- cost model -------------------------------------------------------------------------
@@ -207,6 +221,35 @@ class ExplorationPlanner:
                 and math.isnan(self._pooled_cost):
             self._pooled_cost = float(seconds_per_candidate_step)
 
+    # --- preview fidelity ----------------------------------------------------------------------
+    def observe_fidelity(self, plan: ExplorePlan, fidelity: float) -> bool:
+        """Record how well ``plan``'s preview predicted the rollout rewards of the seeds it chose (a
+        correlation in [-1, 1]); returns False, changing nothing, for NaN (no prompt's rollout varied)."""
+        self._index(plan)
+        if not math.isfinite(fidelity):
+            return False
+        depth = self.config.num_steps.index(plan.num_steps)
+        gamma = self.config.discount
+        self._fidelity_sums *= gamma
+        self._fidelity_weights *= gamma
+        self._fidelity_sums[depth] += float(np.clip(fidelity, -1.0, 1.0))
+        self._fidelity_weights[depth] += 1.0
+        return True
+
+    def fidelity(self) -> dict[int, float]:
+        """Discounted mean fidelity per preview depth S (NaN where none was measured)."""
+        return {steps: float(total / weight) if weight > 0 else math.nan
+                for steps, total, weight in zip(self.config.num_steps, self._fidelity_sums, self._fidelity_weights,
+                                                strict=True)}
+
+    def unfaithful_steps(self) -> tuple[int, ...]:
+        """The preview depths whose measured fidelity is below `min_fidelity_ratio` × the best depth's."""
+        measured = {steps: value for steps, value in self.fidelity().items() if not math.isnan(value)}
+        best = max(measured.values(), default=math.nan)
+        if not best > 0:  # nothing measured, or no depth predicts at all: nothing to prefer
+            return ()
+        return tuple(steps for steps, value in measured.items() if value < self.config.min_fidelity_ratio * best)
+
     # --- the bandit ---------------------------------------------------------------------------
     def choose(self, budget_s: float, num_devices: int, num_prompts: int) -> Decision:
         """Pick the plan for the next exploration round (see the class docstring for the rule).
@@ -231,6 +274,9 @@ class ExplorationPlanner:
         feasible = tuple(arm for arm in self.arms if times[arm] <= limit)
         if not feasible:
             return Decision(plan=None, predicted_time_s=0.0, feasible_arms=(), scores={})
+        unfaithful = self.unfaithful_steps()
+        faithful = tuple(arm for arm in feasible if arm.num_steps not in unfaithful)
+        feasible = faithful or feasible  # a shallow preview is better than none when only it fits
         candidates = feasible
         if self.config.monotone and self.config.cost_weight == 0:
             candidates = tuple(
@@ -252,7 +298,7 @@ class ExplorationPlanner:
         best = max(scores.values())
         tied = [arm for arm in candidates if scores[arm] == best]
         plan = tied[int(self._rng.integers(len(tied)))] if len(tied) > 1 else tied[0]
-        return Decision(plan, times[plan], feasible, scores)
+        return Decision(plan, times[plan], feasible, scores, unfaithful_steps=unfaithful)
 
     def observe_reward(self, plan: ExplorePlan, realised_group_variance: float) -> bool:
         """Credit `plan` with the mean within-group reward variance of the rollout that used its
@@ -291,6 +337,8 @@ class ExplorationPlanner:
             "scale_weight": self._scale_weight,
             "arm_cost": [None if math.isnan(c) else float(c) for c in self._arm_cost],
             "pooled_cost": None if math.isnan(self._pooled_cost) else self._pooled_cost,
+            "fidelity_sums": self._fidelity_sums.tolist(),
+            "fidelity_weights": self._fidelity_weights.tolist(),
             "rng": self._rng.bit_generator.state,
         }
 
@@ -310,6 +358,9 @@ class ExplorationPlanner:
         self._scale_weight = float(state["scale_weight"])
         self._arm_cost = np.array([math.nan if c is None else c for c in state["arm_cost"]], dtype=np.float64)
         self._pooled_cost = math.nan if state["pooled_cost"] is None else float(state["pooled_cost"])
+        if "fidelity_sums" in state:  # checkpoints written before preview fidelity start it unmeasured
+            self._fidelity_sums = np.array(state["fidelity_sums"], dtype=np.float64)
+            self._fidelity_weights = np.array(state["fidelity_weights"], dtype=np.float64)
         self._rng = np.random.default_rng()
         self._rng.bit_generator.state = state["rng"]
 

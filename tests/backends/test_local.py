@@ -29,7 +29,7 @@ def trainer_for(base: Path, run_dir: Path, mode: str) -> Trainer:
     config = parse_config(TrainConfig, {
         "mode": mode, "base_checkpoint": str(base), "run_dir": str(run_dir), "num_threads": 1,
         "rollout": {"prompts_per_iteration": 2, "group_size": 3, "num_steps": 3},
-        "explore": {"num_candidates": 8, "num_steps": 2, "monitor_prompts": 1},
+        "explore": {"num_candidates": 8, "num_steps": 2, "monitor_prompts": 1, "monitor_every": 1},
     })
     trainer = Trainer(config, reward=Brightness())
     with torch.no_grad():  # θ_{i-1} differs from θ_i, as after an update

@@ -215,3 +215,30 @@ def test_a_measured_prior_sizes_the_first_round_and_gives_way_to_the_first_timin
     assert unmeasured == pytest.approx(0.7 * 0.004 + 0.3 * 0.01)
     planner.observe_prior(1.0)  # once an exploration is timed, a prior changes nothing
     assert planner.cost_per_candidate_step(ExplorePlan(8, 7)) == unmeasured
+
+
+def test_a_preview_depth_that_predicts_badly_is_left_out_until_only_it_fits() -> None:
+    planner = make_planner(prior_cost_per_candidate_step_s=1.0, min_fidelity_ratio=0.5)
+    assert planner.unfaithful_steps() == ()  # nothing measured: every depth may be tried
+    planner.observe_fidelity(ExplorePlan(32, 2), 0.1)  # the shallow preview ranks seeds by noise
+    planner.observe_fidelity(ExplorePlan(8, 8), 0.8)
+    assert not planner.observe_fidelity(ExplorePlan(8, 4), math.nan)  # no rollout varied: nothing learnt
+    assert planner.unfaithful_steps() == (2,)
+    decision = planner.choose(budget_s=1e9, num_devices=1, num_prompts=1)
+    assert decision.unfaithful_steps == (2,) and all(arm.num_steps != 2 for arm in decision.feasible_arms)
+    only_shallow = planner.choose(budget_s=17 / 0.95, num_devices=1, num_prompts=1)  # N=8, S=2 (16 s) fits alone
+    assert only_shallow.plan == ExplorePlan(8, 2)  # better a shallow preview than random seeds
+    restored = make_planner(prior_cost_per_candidate_step_s=1.0)
+    restored.load_state_dict(json.loads(json.dumps(planner.state_dict())))
+    assert restored.fidelity() == planner.fidelity() and restored.unfaithful_steps() == (2,)
+
+
+def test_a_left_out_depth_comes_back_when_the_others_stop_predicting() -> None:
+    planner = make_planner(min_fidelity_ratio=0.5, discount=0.8)
+    planner.observe_fidelity(ExplorePlan(8, 2), 0.2)
+    planner.observe_fidelity(ExplorePlan(8, 8), 0.9)
+    assert planner.unfaithful_steps() == (2,)
+    for _ in range(5):
+        planner.observe_fidelity(ExplorePlan(8, 8), 0.3)  # the deep preview's ranking decays (drift)
+    assert planner.unfaithful_steps() == ()
+    assert make_planner(min_fidelity_ratio=0.0).unfaithful_steps() == ()
