@@ -154,6 +154,10 @@ class ExploreSection(Section):
     planner: PlannerSection | None = None
     initial_budget_s: float = Field(5.0, gt=0)
 
+    def monitored_prompts(self, round_index: int, num_prompts: int) -> int:
+        """How many of a round's ``num_prompts`` prompts the staleness monitor re-scores (0 off its rounds)."""
+        return 0 if round_index % self.monitor_every else min(self.monitor_prompts, num_prompts)
+
 
 class EvalSection(Section):
     """Validation: strict accuracy of ODE samples at fixed seeds on the validation prompts."""

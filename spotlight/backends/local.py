@@ -104,9 +104,7 @@ class LocalBackend:
                            plan: ExplorePlan) -> dict[str, float]:
         """Rank a sample of prompts' candidates with the fresh weights θ_i too; log Kendall τ and overlap."""
         view = self.view
-        sample = min(view.config.explore.monitor_prompts, len(prompts))
-        if iteration % view.config.explore.monitor_every:  # every k-th iteration: it runs on the critical path
-            sample = 0
+        sample = view.config.explore.monitored_prompts(iteration, len(prompts))  # it runs on the critical path
         if sample == 0:
             return {}
         generator = iteration_generator(view.config.seed, iteration, Stream.SELECTION)

@@ -345,9 +345,7 @@ class RayBackend:
             exploration.metrics.update(self._staleness(monitor, results))
         self.explored = Explored(round_, exploration)
         if self.mode is Mode.SPOTLIGHT:
-            m = min(config.explore.monitor_prompts, len(round_.prompts))
-            if round_.target % config.explore.monitor_every:  # re-scored in the next round only every k-th
-                m = 0
+            m = config.explore.monitored_prompts(round_.target, len(round_.prompts))  # re-scored next round
             self.monitor_round = None if m == 0 else PendingMonitor(
                 round_.target, round_.plan, round_.prompts[:m], round_.candidates[:m], rewards[:m],
                 exploration.seeds[:m], ids=[])

@@ -387,8 +387,7 @@ class RequestQueue:
             if (entry := self._entries[rid]).expires_at <= now
         ]
         expired.sort(key=lambda entry: entry.order)
-        for entry in reversed(expired):  # appendleft in reverse: they go first, in submission order
-            self._release(entry)
+        self._release_first(expired)
         self._counts["expirations"] += len(expired)
         return [entry.request.request_id for entry in expired]
 
@@ -432,9 +431,13 @@ class RequestQueue:
             return
         declared = set(holding)
         orphans = [self._entries[rid] for rid in self._leases.get(worker_id, ()) if rid not in declared]
-        for entry in sorted(orphans, key=lambda entry: entry.order, reverse=True):
-            self._release(entry)  # appendleft in reverse: they go first, in submission order
+        self._release_first(orphans)
         self._counts["reclaimed"] += len(orphans)
+
+    def _release_first(self, entries: Sequence[_Entry]) -> None:
+        """Release ``entries`` to the front of the queue, in submission order (resumed work goes first)."""
+        for entry in sorted(entries, key=lambda entry: entry.order, reverse=True):  # appendleft in reverse
+            self._release(entry)
 
     def _release(self, entry: _Entry) -> None:
         """Leased -> pending, keeping the committed state; resumed work goes first."""
