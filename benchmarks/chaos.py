@@ -5,8 +5,8 @@
 Both runs train the shipped shapes base model in mode spotlight with ``runtime.complete_rounds`` (one
 planner arm, every round run whole, the on-demand device serving what the spot devices leave, so neither
 the plan nor the explored seeds depend on which spot devices are up), with the reward served over HTTP
-by `spotlight.rewards.supervisor.RewardSupervisor`, each driver a process of its own (`python
-benchmarks/chaos.py driver ...`, which calls the same `spotlight.pipeline.train` as `spotlight train`,
+by `spotlight.rewards.server.supervisor.RewardSupervisor`, each driver a process of its own (`python
+benchmarks/chaos.py driver ...`, which calls the same `spotlight.loop.trainer.train` as `spotlight train`,
 with an `HTTPReward`).
 
 The fault-free run keeps its spot nodes (no trace). The faulty run gets:
@@ -78,10 +78,10 @@ def spot_trace(rng: random.Random, removals: int, period_s: float, down_s: float
 
 
 def driver(args: argparse.Namespace) -> None:
-    """One driver: `spotlight.pipeline.train` with the reward over HTTP (what `spotlight train` runs)."""
+    """One driver: `spotlight.loop.trainer.train` with the reward over HTTP (what `spotlight train` runs)."""
     from spotlight.config import TrainConfig, parse_config
-    from spotlight.pipeline import train
-    from spotlight.rewards.http_client import HTTPReward
+    from spotlight.loop.trainer import train
+    from spotlight.rewards.server.client import HTTPReward
 
     config = parse_config(TrainConfig, json.loads(Path(args.config).read_text()))
     train(config, resume=args.resume, reward=HTTPReward(args.reward_url, timeout_s=20.0, retries=8, backoff_s=0.25))
@@ -124,7 +124,7 @@ def kill_tree(pid: int) -> None:
 def run(run_dir: Path, trace: str | None, iterations: int, reward_url: str,
         schedule: list[tuple[float, str]] | None, supervisor: Any, rng: random.Random) -> dict[str, Any]:
     """Run to the end, applying ``schedule`` ((seconds after start, fault) sorted) if given; returns what happened."""
-    from spotlight.rl.checkpoint import latest_checkpoint
+    from spotlight.components.checkpoint import latest_checkpoint
 
     run_dir.mkdir(parents=True)
     config_file = run_dir.parent / f"{run_dir.name}-config.json"
@@ -175,7 +175,7 @@ def run(run_dir: Path, trace: str | None, iterations: int, reward_url: str,
 
 
 def queue_records(run_dir: Path) -> list[tuple[int, list[dict[str, Any]]]]:
-    from spotlight.runtime.queue_log import read_log
+    from spotlight.runtime.queue.log import read_log
 
     logs = sorted(run_dir.glob("queue-log-*.jsonl"), key=lambda p: int(p.stem.rpartition("-")[2]))
     return [(int(path.stem.rpartition("-")[2]), read_log(path)[0]) for path in logs]
@@ -183,7 +183,7 @@ def queue_records(run_dir: Path) -> list[tuple[int, list[dict[str, Any]]]]:
 
 def requests_summary(run_dir: Path) -> tuple[dict[str, Any], dict[tuple[int, str], Any]]:
     """Counts over every queue log of a run, and every stored result by (driver, request id) with its request."""
-    from spotlight.runtime.queue_log import decode_tensor
+    from spotlight.runtime.queue.log import decode_tensor
 
     counts = {"submitted": 0, "done": 0, "stored_twice": 0, "cancelled": 0, "lost": 0,
               "abandoned_by_killed_driver": 0, "queue_restarts": 0}
@@ -216,7 +216,7 @@ def requests_summary(run_dir: Path) -> tuple[dict[str, Any], dict[tuple[int, str
 def compare(clean_dir: Path, chaos_dir: Path) -> dict[str, Any]:
     import torch
 
-    from spotlight.rl.checkpoint import latest_checkpoint, load_model
+    from spotlight.components.checkpoint import latest_checkpoint, load_model
 
     clean_counts, clean_results = requests_summary(clean_dir)
     chaos_counts, chaos_results = requests_summary(chaos_dir)
@@ -274,7 +274,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "chaos.json")
     args = parser.parse_args()
 
-    from spotlight.rewards.supervisor import RewardSupervisor, free_port
+    from spotlight.rewards.server.supervisor import RewardSupervisor, free_port
 
     rng = random.Random(args.seed)
     work = args.work / f"run-{int(time.time())}"

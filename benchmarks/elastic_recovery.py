@@ -42,9 +42,9 @@ from provenance import RESULTS, git_commit, machine
 from spotlight.diffusion.noise import initial_latents
 from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
-from spotlight.runtime.agent import NodeAgent
-from spotlight.runtime.queue import Request
-from spotlight.runtime.reconfigure import SPGroup, plan_groups
+from spotlight.runtime.sp.agent import NodeAgent
+from spotlight.runtime.queue.request_queue import Request
+from spotlight.runtime.sp.reconfigure import SPGroup, plan_groups
 
 # 16 image + 12 prompt tokens: few tokens keep the step itself short, so the clock measures recovery.
 CONFIG = TinyDiTConfig(image_size=16, patch_size=4, dim=1024, depth=6, num_heads=8)
@@ -145,7 +145,7 @@ def cold_rank_main(rank: int, port: int, checkpoint: str, latent_path: str, out:
     import torch.distributed as dist
     from safetensors.torch import load_file
 
-    from spotlight.runtime.sp_denoise import model_on_weights, sequence_parallel_step
+    from spotlight.runtime.sp.denoise import model_on_weights, sequence_parallel_step
     from spotlight.tasks.shapes import tokenize
 
     torch.set_num_threads(1)

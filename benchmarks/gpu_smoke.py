@@ -3,8 +3,8 @@
 What it checks is that the real-pipeline path (loading a folder, prompt encoding, latents, CFG, VAE
 decoding, LoRA training, frozen copies over one base, checkpoints with the diffusers LoRA file) runs on
 a GPU end to end, and what it costs there: peak allocated memory beside the start-up estimate
-(`spotlight.models.memory_estimate`) and seconds per iteration (validation left out). The pipelines
-are random and tiny (`spotlight.models.tiny_pipelines`), so the numbers are of the plumbing, not of a
+(`spotlight.models.pipelines.memory_estimate`) and seconds per iteration (validation left out). The pipelines
+are random and tiny (`spotlight.models.pipelines.tiny`), so the numbers are of the plumbing, not of a
 20 B model; the reward is the images' mean brightness, a stand-in that needs no model.
 
 On a machine without CUDA it says so in one line and exits 0 (the suite and CI run anywhere);
@@ -31,9 +31,9 @@ import torch
 from provenance import RESULTS, git_commit, machine
 
 from spotlight.config import TrainConfig, load_config
-from spotlight.models.memory_estimate import run_memory_estimate
-from spotlight.models.tiny_pipelines import FAMILIES, save_tiny_pipeline
-from spotlight.pipeline import Trainer
+from spotlight.models.pipelines.memory_estimate import run_memory_estimate
+from spotlight.models.pipelines.tiny import FAMILIES, save_tiny_pipeline
+from spotlight.loop.trainer import Trainer
 from spotlight.rewards.base import RewardOutput
 
 

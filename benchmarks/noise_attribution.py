@@ -32,9 +32,9 @@ from spotlight.diffusion.sampler import SamplingPlan, sample
 from spotlight.explore.candidates import exploration_sampling, score_candidates
 from spotlight.explore.planner import ExplorePlan
 from spotlight.explore.selection import select_max_variance
-from spotlight.generation import generate, prompt_tokens, to_images, velocity_fn
+from spotlight.models.generation import generate, prompt_tokens, to_images, velocity_fn
 from spotlight.rewards.base import Reward
-from spotlight.rl.checkpoint import load_model
+from spotlight.components.checkpoint import load_model
 from spotlight.tasks.registry import get_task
 
 

@@ -27,7 +27,7 @@ import torch
 from probe_images import add_noise, empty_images, gaussian_blur
 from provenance import RESULTS, git_commit, machine
 
-from spotlight.rewards.ocr import OCRReward
+from spotlight.rewards.ocr.reward import OCRReward
 from spotlight.tasks.text import KINDS, kind_of, train_val_split
 from spotlight.tasks.text_render import HEIGHT, WIDTH, render_batch
 

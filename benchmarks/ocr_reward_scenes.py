@@ -1,6 +1,6 @@
 """The whole-image OCR reward (`reward.name: ocr`) on rendered 512x512 scenes: right vs wrong text, and speed.
 
-Each scene (spotlight/rewards/ocr_scenes.py) paints a phrase of the OCR task's words in one of 12
+Each scene (spotlight/rewards/ocr/scenes.py) paints a phrase of the OCR task's words in one of 12
 fonts (DejaVu, STIX, Computer Modern; regular, bold, italic), 20-80 px, rotated up to +-30 degrees
 in 70% of scenes, anywhere in a flat / gradient / noise background cluttered with shapes and lines.
 Half the scenes paint the phrase the prompt quotes ("right"); the other half paint a phrase that
@@ -29,8 +29,8 @@ import torch
 from provenance import RESULTS, git_commit, machine
 
 from spotlight.rewards.base import guarded_score
-from spotlight.rewards.ocr_scene import SceneOCRReward
-from spotlight.rewards.ocr_scenes import render_scene
+from spotlight.rewards.ocr.scene import SceneOCRReward
+from spotlight.rewards.ocr.scenes import render_scene
 
 BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 1.0)
 

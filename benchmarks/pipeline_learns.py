@@ -1,7 +1,7 @@
 """Does post-training a pipeline folder learn? A user reward (`pipeline_learns:redness`) on a tiny pipeline.
 
 The issue-22 check that the whole real-pipeline path learns, not only runs: a tiny random pipeline folder
-(`spotlight.models.tiny_pipelines`), prompts of the shapes preset, its own text encoders, latents, the
+(`spotlight.models.pipelines.tiny`), prompts of the shapes preset, its own text encoders, latents, the
 scheduler's schedule, CFG in the rollouts and VAE decoding, and a user reward named as
 ``pkg.module:function`` (`redness` below: the mean of red minus the mean of green and blue, in [-1, 1]).
 NFT trains LoRA, CFG-free. The rollout reward's mean over the first and last ``--window`` iterations is
@@ -29,8 +29,8 @@ import torch
 from provenance import RESULTS, git_commit, machine
 
 from spotlight.config import TrainConfig, load_config
-from spotlight.models.tiny_pipelines import FAMILIES, save_tiny_pipeline
-from spotlight.pipeline import train
+from spotlight.models.pipelines.tiny import FAMILIES, save_tiny_pipeline
+from spotlight.loop.trainer import train
 
 
 def redness(images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> torch.Tensor:

@@ -28,7 +28,7 @@ import torch
 from probe_images import add_noise, box_blur, empty_images, gaussian_blur
 from provenance import RESULTS, git_commit, machine
 
-from spotlight.rewards.geneval import GenEvalReward
+from spotlight.rewards.geneval.reward import GenEvalReward
 from spotlight.tasks.render import render_batch
 from spotlight.tasks.shapes import COUNT_WORDS, KINDS, ObjectSpec, PromptSpec, parse_prompt, train_val_split
 

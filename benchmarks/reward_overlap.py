@@ -27,15 +27,15 @@ import time
 import torch
 from provenance import RESULTS, git_commit, machine
 
-from spotlight.base_policy import build_policy
+from spotlight.models.base_policy import build_policy
 from spotlight.config import TrainConfig, parse_config
-from spotlight.generation import generate, to_images
+from spotlight.models.generation import generate, to_images
 from spotlight.rewards.base import guarded_score
 from spotlight.rewards.overlap import sample_and_prefetch
 from spotlight.rewards.pool import PooledReward
 from spotlight.rewards.registry import build_reward
-from spotlight.rollout import group_requests, rollout_plan
-from spotlight.streams import candidate_seeds
+from spotlight.loop.rollout import group_requests, rollout_plan
+from spotlight.loop.streams import candidate_seeds
 from spotlight.tasks.registry import get_task
 
 

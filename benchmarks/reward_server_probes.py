@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from drip_server import dripping_server  # noqa: E402 (a test helper: the same hostile peer the tests use)
 
 from spotlight.http_fetch import fetch  # noqa: E402
-from spotlight.rewards.http_client import HTTPReward  # noqa: E402
+from spotlight.rewards.server.client import HTTPReward  # noqa: E402
 from spotlight.tasks.render import render_batch  # noqa: E402
 from spotlight.tasks.shapes import train_val_split  # noqa: E402
 

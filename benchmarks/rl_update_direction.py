@@ -20,12 +20,12 @@ import torch
 from provenance import RESULTS, git_commit, machine
 
 from spotlight.config import TrainConfig, load_config
-from spotlight.pipeline import build_optimizer
-from spotlight.rewards.geneval import GenEvalReward
-from spotlight.rl.checkpoint import load_model
+from spotlight.loop.trainer import build_optimizer
+from spotlight.rewards.geneval.reward import GenEvalReward
+from spotlight.components.checkpoint import load_model
 from spotlight.rl.grpo import choose_train_timesteps, grpo_update, step_log_prob_and_mean
-from spotlight.rollout import rollout
-from spotlight.streams import candidate_seeds, iteration_prompts
+from spotlight.loop.rollout import rollout
+from spotlight.loop.streams import candidate_seeds, iteration_prompts
 from spotlight.tasks.shapes import train_val_split
 
 SETTINGS = {"adamw lr 1e-4": ("adamw", 1e-4), "adamw lr 1e-5": ("adamw", 1e-5),

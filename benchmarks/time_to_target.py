@@ -45,9 +45,9 @@ from decomposition import affordable_candidates, decompose, format_table, phase_
 from provenance import REPO, RESULTS, git_commit, machine
 
 from spotlight.config import TrainConfig, load_config
-from spotlight.evaluation import evaluate
+from spotlight.loop.evaluation import evaluate
 from spotlight.market.prices import default_prices
-from spotlight.rl.checkpoint import load_model
+from spotlight.components.checkpoint import load_model
 from spotlight.runtime.cores import pinned
 from spotlight.tasks.registry import get_task
 

@@ -9,7 +9,7 @@ Also measured: one gloo all-reduce of the TinyDiT's float32 gradient between the
 
 Computed: the parameter counts of SD3.5-Medium, FLUX.1-dev and Qwen-Image's transformers, built on the
 meta device from their published configs (no weights), and their LoRA at the default targets and rank
-(`spotlight.models.diffusers_config`); the gradient bytes one step all-reduces (float32 gradients, one
+(`spotlight.models.pipelines.family_config`); the gradient bytes one step all-reduces (float32 gradients, one
 all-reduce per micro-batch backward: 1 without ``train.micro_batch_size``) and each rank's ring traffic,
 2 (K-1)/K of it.
 
@@ -31,10 +31,10 @@ import torch.multiprocessing as mp
 from provenance import RESULTS, git_commit, machine
 
 from spotlight.config import TrainSection
-from spotlight.models.diffusers_config import DEFAULT_LORA_TARGETS
-from spotlight.models.memory_estimate import lora_parameter_count
+from spotlight.models.pipelines.family_config import DEFAULT_LORA_TARGETS
+from spotlight.models.pipelines.memory_estimate import lora_parameter_count
 from spotlight.ranks.data_parallel import RankShare, data_parallel
-from spotlight.rl.checkpoint import load_model
+from spotlight.components.checkpoint import load_model
 from spotlight.rl.grpo import RolloutBatch
 from spotlight.rl.nft import nft_update
 from spotlight.rl.rollout_update import build_optimizer

@@ -27,8 +27,8 @@ from spotlight import errors
 from spotlight.cli_help import APP_HELP, FAMILY_HELP, MODES_HELP, TASK_HELP, TRAIN_DEFAULT_RUN, TRAIN_HELP
 from spotlight.config import PretrainConfig, TrainConfig, load_config
 from spotlight.modes import Mode
-from spotlight.progress_line import AboveTheLine, ProgressLine, ProgressState
-from spotlight.run_log import RUN_LOG_NAME, log_to, output_to_log
+from spotlight.components.progress_line import AboveTheLine, ProgressLine, ProgressState
+from spotlight.components.run_log import RUN_LOG_NAME, log_to, output_to_log
 
 console = Console(stderr=True)
 
@@ -98,7 +98,7 @@ def _progress(terminal: TextIO | None = None) -> Progress:
 def pretrain(config: ConfigOption = None, set_: SetOption = None) -> None:
     """Pre-train the TinyDiT base model by flow matching on rendered shapes."""
     cfg = load_config(PretrainConfig, config, set_)
-    from spotlight.pretrain import pretrain as run_pretrain
+    from spotlight.loop.pretrain import pretrain as run_pretrain
 
     with _progress() as progress:
         task = progress.add_task("pretrain", total=cfg.steps, status="")
@@ -108,7 +108,7 @@ def pretrain(config: ConfigOption = None, set_: SetOption = None) -> None:
 
 
 def _train_progress(terminal: TextIO, state: ProgressState) -> Live:
-    """The progress line of ``spotlight train`` (spotlight/progress_line.py), redrawn every second on ``terminal``.
+    """The progress line of ``spotlight train`` (spotlight/components/progress_line.py), redrawn every second on ``terminal``.
 
     Rich's live display would replace sys.stdout and sys.stderr by proxies that print above the line,
     but only on a real terminal: Ray's driver-side prints (node-death dumps, "marked dead" notices) then
@@ -142,13 +142,13 @@ def train(
 ) -> None:
     """Post-train the base model (the help text is written from the code's lists: cli_help.TRAIN_HELP)."""
     cfg = load_config(TrainConfig, config, [*(set_ or []), *([f"runtime.address={address}"] if address else [])])
-    from spotlight.models.memory_estimate import cuda_memory_bytes, run_memory_estimate
-    from spotlight.pipeline import train as run_train
+    from spotlight.models.pipelines.memory_estimate import cuda_memory_bytes, run_memory_estimate
+    from spotlight.loop.trainer import train as run_train
 
     estimate = run_memory_estimate(cfg)  # a pipeline folder's needs, read before any weight loads
     if estimate is not None and cfg.device != "cpu":  # where memory runs out; on the CPU it goes to the log
         print(estimate.summary(cuda_memory_bytes(cfg.device)))
-    from spotlight.run_dir import ensure_run_dir
+    from spotlight.components.run_dir import ensure_run_dir
 
     run_log = ensure_run_dir(Path(cfg.run_dir)) / RUN_LOG_NAME  # a run_dir that cannot be used: one line
     if isinstance(ctx.obj, CommandState):
@@ -185,7 +185,7 @@ def _print_outcome(summary: Any) -> None:
 
     A run can pass its peak; the best model is what a user ships, so the summary always names it.
     """
-    from spotlight.pipeline import describe_score
+    from spotlight.loop.trainer import describe_score
 
     best, final = summary.best, (summary.validation[-1] if summary.validation else None)
     if best is not None and final is not None:
@@ -230,8 +230,8 @@ def eval_(
     num_steps: int = 10,
 ) -> None:
     """Score a checkpoint on its task's validation split: strict accuracy overall and per kind (ODE, fixed seeds)."""
-    from spotlight.evaluation import evaluate
-    from spotlight.rl.checkpoint import load_model
+    from spotlight.loop.evaluation import evaluate
+    from spotlight.components.checkpoint import load_model
     from spotlight.tasks.registry import task_of
 
     model = load_model(checkpoint)
@@ -352,8 +352,8 @@ def serve_reward(
     With -c, the reward the config's reward: section names (built-in, composite or pkg.module:function)
     at any image size; without, the toy task's reward at its task's image size.
     """
-    from spotlight.rewards.serve import served_reward
-    from spotlight.rewards.server import RewardServer, ServerLimits
+    from spotlight.cli_serve import served_reward
+    from spotlight.rewards.server.server import RewardServer, ServerLimits
 
     cfg = load_config(TrainConfig, config, set_) if config is not None or set_ else None
     served = served_reward(cfg, task, device)  # a bad model folder or function: one line
@@ -378,7 +378,7 @@ def make_tiny_pipeline(
     seed: Annotated[int, typer.Option(help="Every random weight is drawn from this seed.")] = 0,
 ) -> None:
     """Save a tiny random diffusers pipeline folder (real classes, a few layers) for model.pretrained, no download."""
-    from spotlight.models.tiny_pipelines import FAMILIES, save_tiny_pipeline
+    from spotlight.models.pipelines.tiny import FAMILIES, save_tiny_pipeline
 
     if family not in FAMILIES:
         _fail(ValueError(f"unknown family {family!r}: use one of {', '.join(FAMILIES)}"))

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import Any, get_args
 
 from spotlight.config import TrainConfig, TrainSection
-from spotlight.models.diffusers_config import Family
+from spotlight.models.pipelines.family_config import Family
 from spotlight.modes import Mode
 from spotlight.rewards.section import BUILTIN_REWARDS
 from spotlight.runtime.section import RuntimeSection

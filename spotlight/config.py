@@ -19,7 +19,7 @@ from spotlight.models.policy_section import PolicySection
 from spotlight.modes import Mode
 from spotlight.ranks.section import TrainerSection
 from spotlight.rewards.section import RewardSection
-from spotlight.rl.guard import GuardSection
+from spotlight.components.guard import GuardSection
 from spotlight.runtime.cores import check_cores, unpinned_cores
 from spotlight.runtime.section import RuntimeSection
 from spotlight.schema import ConfigError, Section  # noqa: F401 (re-exported: ConfigError, Section)
@@ -197,7 +197,7 @@ class TrainConfig(Section):
     explore: ExploreSection = ExploreSection()
     reward: RewardSection = RewardSection()
     eval: EvalSection = EvalSection()
-    guard: GuardSection = GuardSection()  # what the loop does when a run is dying (spotlight/rl/guard.py)
+    guard: GuardSection = GuardSection()  # what the loop does when a run is dying (spotlight/components/guard.py)
     runtime: RuntimeSection = RuntimeSection()
     model: PolicySection = PolicySection()  # tinydit (base_checkpoint) or a tiny diffusers family with LoRA
     data: DataSection = DataSection()  # the prompts: a dataset folder or shipped set; null: the task's

@@ -30,18 +30,18 @@ EXIT_INTERRUPTED = 130
 # (module, class) of every error whose message is written for a person.
 KNOWN_ERRORS = (
     ("spotlight.schema", "ConfigError"),
-    ("spotlight.rl.checkpoint", "CheckpointError"),
+    ("spotlight.components.checkpoint", "CheckpointError"),
     ("spotlight.rewards.base", "RewardError"),
-    ("spotlight.pipeline", "RunError"),
-    ("spotlight.run_dir", "RunDirError"),
+    ("spotlight.loop.trainer", "RunError"),
+    ("spotlight.components.run_dir", "RunDirError"),
     ("spotlight.market.traces", "TraceError"),
     ("spotlight.market.prices", "PriceError"),
-    ("spotlight.runtime.pools", "PoolError"),
+    ("spotlight.runtime.spot.pools", "PoolError"),
     ("spotlight.runtime.cores", "CoreError"),
-    ("spotlight.runtime.worker", "WorkerConfigError"),
-    ("spotlight.runtime.reconfigure", "ReconfigureError"),
+    ("spotlight.runtime.spot.worker", "WorkerConfigError"),
+    ("spotlight.runtime.sp.reconfigure", "ReconfigureError"),
     ("spotlight.report.run_data", "ReportError"),
-    ("spotlight.models.diffusers_loading", "DiffusersLoadError"),
+    ("spotlight.models.pipelines.loading", "DiffusersLoadError"),
 )
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
-from spotlight.rl.checkpoint import save_model
+from spotlight.components.checkpoint import save_model
 from spotlight.tasks.shapes import VOCAB
 
 
@@ -28,8 +28,8 @@ def tiny_base_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_pipeline(tmp_path_factory: pytest.TempPathFactory):
     """``tiny_pipeline(family) -> folder``: a tiny random SD3 / FLUX / Qwen-Image pipeline folder
-    (`spotlight.models.tiny_pipelines`), built at most once per family per test session."""
-    from spotlight.models.tiny_pipelines import save_tiny_pipeline
+    (`spotlight.models.pipelines.tiny`), built at most once per family per test session."""
+    from spotlight.models.pipelines.tiny import save_tiny_pipeline
 
     root = tmp_path_factory.mktemp("pipelines")
     built: dict[str, Path] = {}

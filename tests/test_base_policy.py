@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from spotlight.base_policy import build_policy
+from spotlight.models.base_policy import build_policy
 from spotlight.config import ConfigError, TrainConfig, load_config
-from spotlight.models.diffusers_adapter import DiffusersPolicy
+from spotlight.models.pipelines.adapter import DiffusersPolicy
 from spotlight.models.policy import Policy
 from spotlight.models.tinydit import TinyDiT
 from spotlight.tasks.shapes import VOCAB

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from spotlight.cli import app
 from spotlight.cli_help import choices
 from spotlight.config import TrainConfig, TrainSection
-from spotlight.models.diffusers_config import Family
+from spotlight.models.pipelines.family_config import Family
 from spotlight.modes import Mode
 from spotlight.rewards.section import BUILTIN_REWARDS
 from spotlight.tasks import TaskName

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from spotlight.config import TrainConfig, parse_config
-from spotlight.pipeline import train
-from spotlight.rl.checkpoint import latest_checkpoint, load_model
+from spotlight.loop.trainer import train
+from spotlight.components.checkpoint import latest_checkpoint, load_model
 from spotlight.run_error import RunError
 
 DETERMINISTIC = ("rollout/", "train/", "explore/", "staleness/", "planner/num_")  # the rest are timings and bills

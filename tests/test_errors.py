@@ -6,7 +6,7 @@ from pathlib import Path
 
 from spotlight import errors
 from spotlight.market.traces import TraceError
-from spotlight.runtime.pools import PoolError
+from spotlight.runtime.spot.pools import PoolError
 from spotlight.schema import ConfigError
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from spotlight.evaluation import evaluate
-from spotlight.rl.checkpoint import latest_checkpoint, load_model, load_training_state
+from spotlight.loop.evaluation import evaluate
+from spotlight.components.checkpoint import latest_checkpoint, load_model, load_training_state
 from spotlight.runtime.cores import pinned
 from spotlight.tasks.registry import get_task
 

@@ -18,13 +18,13 @@ from safetensors.torch import load_file
 
 from spotlight.config import TrainConfig, load_config
 from spotlight.diffusion.sampler import SamplingPlan
-from spotlight.generation import generate
-from spotlight.pipeline import train
-from spotlight.rl.checkpoint import load_model
-from spotlight.runtime.device import SpotDevice
-from spotlight.runtime.pools import LocalCluster
-from spotlight.runtime.queue_remote import start_queue_actor
-from spotlight.runtime.worker import WorkerSettings, model_weights
+from spotlight.models.generation import generate
+from spotlight.loop.trainer import train
+from spotlight.components.checkpoint import load_model
+from spotlight.runtime.spot.device import SpotDevice
+from spotlight.runtime.spot.pools import LocalCluster
+from spotlight.runtime.queue.remote import start_queue_actor
+from spotlight.runtime.spot.worker import WorkerSettings, model_weights
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "sd3-tiny-lora.yaml"
 

@@ -11,13 +11,13 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from spotlight.base_policy import build_policy
+from spotlight.models.base_policy import build_policy
 from spotlight.cli import app
 from spotlight.config import TrainConfig, load_config
-from spotlight.generation import prompt_tokens
-from spotlight.pipeline import train
+from spotlight.models.generation import prompt_tokens
+from spotlight.loop.trainer import train
 from spotlight.rewards.base import RewardOutput
-from spotlight.rl.checkpoint import load_model, load_training_state
+from spotlight.components.checkpoint import load_model, load_training_state
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 FAMILIES = ["sd3", "flux", "qwen-image"]

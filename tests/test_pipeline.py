@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from spotlight.config import TrainConfig, parse_config
-from spotlight.pipeline import RunError, Trainer, train
+from spotlight.loop.trainer import RunError, Trainer, train
 from spotlight.rewards.base import RewardError, RewardOutput
-from spotlight.rewards.geneval import GenEvalReward
-from spotlight.streams import iteration_prompts
+from spotlight.rewards.geneval.reward import GenEvalReward
+from spotlight.loop.streams import iteration_prompts
 
 
 def tiny_config(base: Path, run_dir: Path, **changes) -> TrainConfig:
@@ -109,7 +109,7 @@ def test_the_best_validated_model_is_kept(tiny_base_model, tmp_path):
 
 
 def test_eval_prompts_validates_on_that_many_prompts_spread_over_every_kind(tiny_base_model, tmp_path):
-    from spotlight.evaluation import validation_subset
+    from spotlight.loop.evaluation import validation_subset
     from spotlight.tasks.registry import get_task
 
     dataset = get_task("shapes").dataset()
@@ -134,7 +134,7 @@ def test_starting_over_an_existing_run_asks_for_resume(tiny_base_model, tmp_path
 
 
 def test_missing_base_checkpoint_names_the_path(tmp_path):
-    from spotlight.rl.checkpoint import CheckpointError
+    from spotlight.components.checkpoint import CheckpointError
 
     with pytest.raises(CheckpointError, match="nowhere"):
         Trainer(tiny_config(tmp_path / "nowhere", tmp_path / "run"))
@@ -224,9 +224,9 @@ def test_max_wall_s_ends_the_run_after_the_iteration_that_passes_it_validated_an
 def test_a_rollout_sampled_in_parts_scores_like_one_sampled_whole(tiny_base_model, tmp_path):
     """What the runtime does with spot helpers: sample prompt groups on several devices, score them together."""
     from spotlight.diffusion.sampler import Trajectory
-    from spotlight.generation import generate
-    from spotlight.rollout import group_requests, rollout, rollout_plan, score_rollout
-    from spotlight.streams import candidate_seeds
+    from spotlight.models.generation import generate
+    from spotlight.loop.rollout import group_requests, rollout, rollout_plan, score_rollout
+    from spotlight.loop.streams import candidate_seeds
 
     config = tiny_config(tiny_base_model, tmp_path / "run")
     trainer = Trainer(config)
@@ -244,7 +244,7 @@ def test_a_rollout_sampled_in_parts_scores_like_one_sampled_whole(tiny_base_mode
 
 def test_train_optimizer_picks_sgd_with_momentum_or_adamw() -> None:
     from spotlight.config import TrainSection
-    from spotlight.pipeline import build_optimizer
+    from spotlight.loop.trainer import build_optimizer
 
     model = torch.nn.Linear(3, 2)
     sgd = build_optimizer(model, TrainSection(optimizer="sgd", learning_rate=0.5, momentum=0.8))

@@ -12,14 +12,14 @@ import ray
 import torch
 
 from spotlight.config import TrainConfig, parse_config
-from spotlight.generation import generate
-from spotlight.pipeline import train
-from spotlight.rl.checkpoint import load_model
-from spotlight.rollout import rollout_plan
-from spotlight.runtime.device import SpotDevice
-from spotlight.runtime.pools import LocalCluster
-from spotlight.runtime.queue_remote import start_queue_actor
-from spotlight.runtime.worker import WorkerSettings, model_weights
+from spotlight.models.generation import generate
+from spotlight.loop.trainer import train
+from spotlight.components.checkpoint import load_model
+from spotlight.loop.rollout import rollout_plan
+from spotlight.runtime.spot.device import SpotDevice
+from spotlight.runtime.spot.pools import LocalCluster
+from spotlight.runtime.queue.remote import start_queue_actor
+from spotlight.runtime.spot.worker import WorkerSettings, model_weights
 
 
 def spotlight_config(folder: Path, run_dir: Path) -> TrainConfig:
@@ -77,8 +77,8 @@ def test_spot_nodes_offer_a_gpu_and_spot_devices_take_it_when_the_policy_is_on_c
 
     from spotlight.market.billing import DeviceLedger
     from spotlight.market.prices import default_prices
-    from spotlight.runtime.events import EventLog
-    from spotlight.runtime.pools import SpotPool
+    from spotlight.runtime.spot.events import EventLog
+    from spotlight.runtime.spot.pools import SpotPool
     from spotlight.runtime.section import RuntimeSection
 
     prices = RuntimeSection().prices

@@ -108,7 +108,7 @@ def test_guidance_without_a_pipeline_is_one_line(tmp_path: Path) -> None:
 
 
 def test_make_tiny_pipeline_writes_a_folder_train_reads(tmp_path: Path) -> None:
-    from spotlight.models.pipeline_folder import read_pipeline_folder
+    from spotlight.models.pipelines.folder import read_pipeline_folder
 
     result = runner.invoke(app, ["make-tiny-pipeline", "qwen-image", str(tmp_path / "qwen")])
     assert result.exit_code == 0, result.output

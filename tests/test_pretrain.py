@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from spotlight.config import ConfigError, PretrainConfig, parse_config
-from spotlight.pretrain import ema_decay_at, flow_matching_loss, pretrain
-from spotlight.rl.checkpoint import load_model
+from spotlight.loop.pretrain import ema_decay_at, flow_matching_loss, pretrain
+from spotlight.components.checkpoint import load_model
 
 
 def tiny(tmp_path, steps: int, eval_every: int = 100) -> PretrainConfig:

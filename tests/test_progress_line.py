@@ -7,7 +7,7 @@ import io
 import pytest
 from rich.console import Console
 
-from spotlight.progress_line import AboveTheLine, ProgressLine, ProgressState, clock_time, layout
+from spotlight.components.progress_line import AboveTheLine, ProgressLine, ProgressState, clock_time, layout
 
 RECORD = {"time/wall_s": 190.0, "rollout/reward_mean": 0.393, "cost/usd": 0.167, "util/spot_train_phase": 0.82,
           "val/strict_accuracy": 0.331}

@@ -25,8 +25,8 @@ import torch
 import yaml
 
 from spotlight.config import TrainConfig, parse_config
-from spotlight.pipeline import train
-from spotlight.rl.checkpoint import latest_checkpoint, load_model, load_training_state
+from spotlight.loop.trainer import train
+from spotlight.components.checkpoint import latest_checkpoint, load_model, load_training_state
 
 ITERATIONS = 3
 BASE = "shapes-base"  # the shipped base model: its rewards vary, so training moves the weights

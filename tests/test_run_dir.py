@@ -14,10 +14,10 @@ from typer.testing import CliRunner
 
 from spotlight.cli import app
 from spotlight.config import TrainConfig, dump_config, parse_config
-from spotlight.pipeline import Trainer, train
-from spotlight.rl.checkpoint import save_training_checkpoint
-from spotlight.rl.manifest import write_manifest
-from spotlight.run_dir import RunDirError, RunDirLock, check_resume_config, read_metrics
+from spotlight.loop.trainer import Trainer, train
+from spotlight.components.checkpoint import save_training_checkpoint
+from spotlight.components.manifest import write_manifest
+from spotlight.components.run_dir import RunDirError, RunDirLock, check_resume_config, read_metrics
 
 runner = CliRunner()
 
@@ -122,7 +122,7 @@ def test_resume_may_change_iterations_wall_time_and_validation(tiny_base_model, 
 def test_a_torn_last_metrics_line_is_dropped_with_a_warning(tmp_path: Path, caplog) -> None:
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"iteration": 0, "val/reward": 0.5}\n{"iteration": 1, "train/lo')
-    with caplog.at_level(logging.WARNING, logger="spotlight.run_dir"):
+    with caplog.at_level(logging.WARNING, logger="spotlight.components.run_dir"):
         assert read_metrics(path) == [{"iteration": 0, "val/reward": 0.5}]
     assert "torn last line" in caplog.text
     path.write_text('{"iteration": 0}\n{"iter\n{"iteration": 2}\n')  # damage before the end is not a torn write
@@ -153,7 +153,7 @@ def test_cli_resume_of_a_crafted_checkpoint_runs_nothing_and_prints_one_line(tin
     config = tiny_config(tiny_base_model, run_dir)
     Trainer(config)._lock.release()  # config.yaml written, as a started run leaves it
     model = torch.nn.Linear(1, 1)
-    from spotlight.rl.checkpoint import load_model
+    from spotlight.components.checkpoint import load_model
 
     base = load_model(tiny_base_model)
     path = save_training_checkpoint(run_dir, 1, base, torch.optim.SGD(model.parameters(), lr=0.1), None, {})

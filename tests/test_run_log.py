@@ -8,7 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from spotlight.run_log import log_to
+from spotlight.components.run_log import log_to
 
 # A run in miniature, in its own process so that its descriptors 1 and 2 are the test's to read: this
 # process prints, a child it starts writes to both descriptors (as Ray's node processes do), and the
@@ -16,7 +16,7 @@ from spotlight.run_log import log_to
 RUN = textwrap.dedent("""
     import os, subprocess, sys
     from pathlib import Path
-    from spotlight.run_log import output_to_log
+    from spotlight.components.run_log import output_to_log
 
     print("before the run")
     with output_to_log(Path(sys.argv[1])) as terminal:
@@ -43,7 +43,7 @@ def test_output_of_the_process_and_its_children_goes_to_the_log_and_progress_to_
 def test_package_warnings_are_one_line_on_the_terminal_and_everything_is_in_the_log(tmp_path: Path) -> None:
     log, terminal = tmp_path / "spotlight.log", tmp_path / "terminal.txt"
     with terminal.open("w") as stream, log_to(log, stream):
-        logging.getLogger("spotlight.runtime.pools").warning("spot device %s died\n  without a notice", "spot-3")
+        logging.getLogger("spotlight.runtime.spot.pools").warning("spot device %s died\n  without a notice", "spot-3")
         logging.getLogger("a_library").info("library details")  # (Ray's own logger writes to fd 2)
     assert terminal.read_text() == "warning: spot device spot-3 died without a notice\n"
     assert "spot-3 died" in log.read_text() and "library details" in log.read_text()

@@ -17,12 +17,12 @@ import ray
 
 from spotlight.config import TrainConfig, parse_config
 from spotlight.diffusion.sampler import SamplingPlan
-from spotlight.pipeline import train
-from spotlight.rl.checkpoint import load_model
-from spotlight.runtime.device import SpotDevice
-from spotlight.runtime.pools import LocalCluster
-from spotlight.runtime.queue_remote import start_queue_actor
-from spotlight.runtime.worker import WorkerSettings, model_weights
+from spotlight.loop.trainer import train
+from spotlight.components.checkpoint import load_model
+from spotlight.runtime.spot.device import SpotDevice
+from spotlight.runtime.spot.pools import LocalCluster
+from spotlight.runtime.queue.remote import start_queue_actor
+from spotlight.runtime.spot.worker import WorkerSettings, model_weights
 
 
 def runtime_config(base: Path, run_dir: Path, trace: Path, **runtime) -> TrainConfig:

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from spotlight.config import TrainConfig, parse_config
-from spotlight.pipeline import Trainer
-from spotlight.run_dir import RunDirError, read_metrics
+from spotlight.loop.trainer import Trainer
+from spotlight.components.run_dir import RunDirError, read_metrics
 
 
 def tiny_config(base: Path, run_dir: Path, **fields: Any) -> TrainConfig:

@@ -16,11 +16,11 @@ import torch
 from spotlight.backends.protocol import TrainerView
 from spotlight.diffusion.sampler import Trajectory
 from spotlight.explore.planner import ExplorePlan
-from spotlight.generation import generate, to_images
+from spotlight.models.generation import generate, to_images
 from spotlight.rewards.overlap import sample_and_prefetch
-from spotlight.rollout import group_requests, rollout_plan
-from spotlight.seed_choice import Exploration, explore
-from spotlight.streams import Stream, candidate_seeds, iteration_generator
+from spotlight.loop.rollout import group_requests, rollout_plan
+from spotlight.loop.seed_choice import Exploration, explore
+from spotlight.loop.streams import Stream, candidate_seeds, iteration_generator
 
 __all__ = ["LocalBackend"]
 

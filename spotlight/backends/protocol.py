@@ -1,6 +1,6 @@
 """The one interface between the training loop and where its sampling runs.
 
-The loop (`spotlight.pipeline.Trainer.iteration`) is the same in every mode; a backend decides where
+The loop (`spotlight.loop.trainer.Trainer.iteration`) is the same in every mode; a backend decides where
 the rollout is sampled and where, when and with which weights exploration runs:
 
     local (one process)   rollout here; exploration here, before the rollout, with θ_i (sync-explore)
@@ -24,9 +24,9 @@ from spotlight.config import TrainConfig
 from spotlight.diffusion.sampler import Trajectory
 from spotlight.explore.planner import ExplorationPlanner
 from spotlight.explore.staleness import StalenessMonitor
-from spotlight.loop_model import LoopModel
+from spotlight.models.loop_model import LoopModel
 from spotlight.rewards.base import Reward
-from spotlight.seed_choice import Exploration
+from spotlight.loop.seed_choice import Exploration
 
 __all__ = ["Backend", "TrainerView"]
 
@@ -61,7 +61,7 @@ class Backend(Protocol):
         ...
 
     def rollout(self, iteration: int, prompts: list[str], seeds: torch.Tensor) -> Trajectory:
-        """Sample the (P, G) groups with θ_i, in `spotlight.rollout.group_requests` order."""
+        """Sample the (P, G) groups with θ_i, in `spotlight.loop.rollout.group_requests` order."""
         ...
 
     def training_started(self, iteration: int, budget_s: float) -> None:

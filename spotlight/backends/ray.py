@@ -10,7 +10,7 @@
                the planner's budget (the last training time), plus a re-score of a few of P_i's
                candidates with θ_i for the staleness monitor (Kendall τ of stale vs fresh rankings)
 
-The pools, the queue, the trace and the bill are `spotlight.runtime.spot_cluster.SpotCluster`'s; this
+The pools, the queue, the trace and the bill are `spotlight.runtime.spot.cluster.SpotCluster`'s; this
 module decides what they run: which requests a round holds, and how its results become seeds.
 """
 
@@ -30,19 +30,19 @@ from spotlight.backends.protocol import TrainerView
 from spotlight.diffusion.sampler import Trajectory
 from spotlight.explore.candidates import exploration_sampling, score_latents
 from spotlight.explore.planner import Decision, ExplorePlan, round_budget
-from spotlight.generation import generate, images_of
+from spotlight.models.generation import generate, images_of
 from spotlight.modes import Mode
-from spotlight.rollout import group_requests, rollout_plan
+from spotlight.loop.rollout import group_requests, rollout_plan
 from spotlight.run_error import RunError
-from spotlight.runtime.device import ComputeClock
-from spotlight.runtime.queue import Request
-from spotlight.runtime.queue_remote import RemoteQueue
-from spotlight.runtime.rounds import Round, results_in_order
-from spotlight.runtime.spot_cluster import ON_DEMAND, SpotCluster
-from spotlight.runtime.usage import IterationMarks, iteration_usage
-from spotlight.runtime.worker import model_from_weights, model_weights, worker_loop
-from spotlight.seed_choice import Exploration, select_explored
-from spotlight.streams import Stream, candidate_seeds, iteration_generator, iteration_prompts
+from spotlight.runtime.spot.device import ComputeClock
+from spotlight.runtime.queue.request_queue import Request
+from spotlight.runtime.queue.remote import RemoteQueue
+from spotlight.runtime.queue.rounds import Round, results_in_order
+from spotlight.runtime.spot.cluster import ON_DEMAND, SpotCluster
+from spotlight.runtime.spot.usage import IterationMarks, iteration_usage
+from spotlight.runtime.spot.worker import model_from_weights, model_weights, worker_loop
+from spotlight.loop.seed_choice import Exploration, select_explored
+from spotlight.loop.streams import Stream, candidate_seeds, iteration_generator, iteration_prompts
 
 __all__ = ["RayBackend"]
 

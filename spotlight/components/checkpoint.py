@@ -9,7 +9,7 @@ format of its own for other tools (``save_for_diffusers``: a diffusers policy's
 every model directory too, training checkpoints and ``checkpoints/best`` alike, listed in the manifest.
 
 A checkpoint is a directory. It is written under a temporary name, every file fsynced and listed with
-its checksum (`spotlight.rl.manifest`), and renamed into place; the ``latest`` pointer is replaced
+its checksum (`spotlight.components.manifest`), and renamed into place; the ``latest`` pointer is replaced
 atomically after it. A run killed at any moment leaves either the previous checkpoint or the new one,
 and one damaged later (a truncated file) is detected and skipped. Nothing is loaded in a way that can
 run code from the run directory: ``--resume`` must be safe on a directory someone else wrote.
@@ -33,7 +33,7 @@ from safetensors.torch import load_file, save_file
 
 from spotlight.models.policy import Policy
 from spotlight.models.rebuild import policy_from_description
-from spotlight.rl.manifest import MANIFEST_FILE, fsync_dir, manifest_problem, write_manifest, write_text_durably
+from spotlight.components.manifest import MANIFEST_FILE, fsync_dir, manifest_problem, write_manifest, write_text_durably
 
 logger = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ def sigma_schedule(num_steps: int, shift: float = 1.0, grid_end: float | None = 
     :func:`time_shift`; with ``shift_terminal`` they are then stretched so that the last one equals it
     (``1 - sigma`` scaled by ``(1 - shift_terminal) / (1 - last)``). The defaults are Spotlight's own
     schedule; ``grid_end`` and ``shift_terminal`` let a diffusers pipeline's scheduler be reproduced
-    (``spotlight.models.pipeline_folder.PipelineFolder.schedule``).
+    (``spotlight.models.pipelines.folder.PipelineFolder.schedule``).
 
     Float64 so that the same schedule is bit-identical wherever it is recomputed (rollout worker,
     trainer, a worker resuming a committed latent); steps cast it to the latent dtype when used.

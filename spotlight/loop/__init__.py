@@ -1,0 +1,1 @@
+"""The training loop: the trainer and its iteration, rollout scoring, seed choice, evaluation, pretraining."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from spotlight.diffusion.sampler import SamplingPlan
-from spotlight.generation import generate, images_of
+from spotlight.models.generation import generate, images_of
 from spotlight.models.policy import Policy
 from spotlight.rewards.base import Reward, guarded_score
 from spotlight.tasks.registry import get_task

@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 
 from spotlight.config import PretrainConfig, dump_config
-from spotlight.evaluation import evaluate
+from spotlight.loop.evaluation import evaluate
 from spotlight.models.policy import Policy
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
-from spotlight.rl.checkpoint import load_model, save_model
+from spotlight.components.checkpoint import load_model, save_model
 from spotlight.schema import ConfigError
 from spotlight.tasks.registry import get_task
 

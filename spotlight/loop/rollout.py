@@ -14,9 +14,9 @@ import torch
 from spotlight.config import TrainConfig
 from spotlight.diffusion.sampler import SamplingPlan, Trajectory
 from spotlight.disagg.groups import AssembledGroup
-from spotlight.generation import generate, images_of, prompt_tokens
-from spotlight.loop_model import LoopModel
-from spotlight.models.pipeline_folder import read_pipeline_folder
+from spotlight.models.generation import generate, images_of, prompt_tokens
+from spotlight.models.loop_model import LoopModel
+from spotlight.models.pipelines.folder import read_pipeline_folder
 from spotlight.rewards.base import Reward, guarded_score
 from spotlight.rewards.composite import term_metrics
 from spotlight.rl.advantages import group_advantages

@@ -10,7 +10,7 @@
     spotlight      (Ray) stale exploration on spot devices hidden behind training
 
     disaggregated  (Ray) generator devices apart from the trainer (DigenRL): groups are trained as they
-                   complete while generators sample the rest (`spotlight.backends.disaggregated`)
+                   complete while generators sample the rest (`spotlight.disagg.runtime.backend`)
 
 What differs between modes is where sampling runs and with which weights: a backend
 (`spotlight.backends`: this process, the Ray device pools, or disaggregated generators) behind one
@@ -24,7 +24,7 @@ once the last is in; its rollout metrics are complete once the stream is consume
 iteration reads them after the update.
 
 Every random choice of iteration i (its prompts, its candidate seeds, its shuffles) comes from
-generators keyed by (run seed, i) (`spotlight.streams`), so a resumed run continues with exactly the
+generators keyed by (run seed, i) (`spotlight.loop.streams`), so a resumed run continues with exactly the
 numbers it would have had, and a run is fully described by its config.
 """
 
@@ -41,41 +41,41 @@ from typing import Any
 import torch
 
 from spotlight.backends import TrainerView, check_backend, open_backend
-from spotlight.backends.disaggregated_stream import GroupStream
-from spotlight.base_policy import build_policy
+from spotlight.disagg.runtime.stream import GroupStream
+from spotlight.models.base_policy import build_policy
 from spotlight.config import TrainConfig, TrainSection, dump_config
 from spotlight.data import open_dataset
 from spotlight.data.metadata_reward import bind_metadata
 from spotlight.disagg.loop_update import GroupedUpdate
 from spotlight.disagg.versions import VersionGate
-from spotlight.evaluation import evaluate, validation_subset
+from spotlight.loop.evaluation import evaluate, validation_subset
 from spotlight.explore.fidelity import preview_fidelity
 from spotlight.explore.planner import ExplorationPlanner, PlannerSection
 from spotlight.explore.staleness import StalenessMonitor
-from spotlight.loop_model import LoopModel
+from spotlight.models.loop_model import LoopModel
 from spotlight.models.shadow import frozen_base, frozen_copy
-from spotlight.pretrain import ema_decay_at, update_ema
+from spotlight.loop.pretrain import ema_decay_at, update_ema
 from spotlight.ranks.group import TrainerRanks
 from spotlight.report.grid import save_grid
 from spotlight.rewards.base import Reward
 from spotlight.rewards.registry import build_reward
-from spotlight.rl.checkpoint import (
+from spotlight.components.checkpoint import (
     latest_checkpoint,
     load_model_state,
     load_training_state,
     replace_model,
     save_training_checkpoint,
 )
-from spotlight.rl.guard import GuardVerdict, RunGuard
+from spotlight.components.guard import GuardVerdict, RunGuard
 from spotlight.rl.kl_control import AdaptiveTrust
-from spotlight.rl.manifest import write_text_durably
+from spotlight.components.manifest import write_text_durably
 from spotlight.rl.rollout_update import build_optimizer, rollout_update, uses_reference
-from spotlight.rollout import Rollout, rollout_plan, score_rollout
-from spotlight.run_dir import RunDirLock, check_resume_config, read_metrics, write_failed
+from spotlight.loop.rollout import Rollout, rollout_plan, score_rollout
+from spotlight.components.run_dir import RunDirLock, check_resume_config, read_metrics, write_failed
 from spotlight.run_error import RunError
 from spotlight.runtime.cores import pinned
-from spotlight.seed_choice import Exploration
-from spotlight.streams import Stream, iteration_generator, iteration_prompts
+from spotlight.loop.seed_choice import Exploration
+from spotlight.loop.streams import Stream, iteration_generator, iteration_prompts
 from spotlight.tasks.registry import get_task, task_of
 
 __all__ = ["RunError", "RunSummary", "Trainer", "build_optimizer", "planner_config", "train"]
@@ -125,7 +125,7 @@ def describe_score(record: dict[str, Any]) -> str:
 class RunSummary:
     """What a finished run returns: its directory, every logged record, and the validated ones.
 
-    ``stopped`` is the guard's one line when it ended a dying run (`spotlight.rl.guard`), else None.
+    ``stopped`` is the guard's one line when it ended a dying run (`spotlight.components.guard`), else None.
     """
 
     run_dir: Path

@@ -3,7 +3,7 @@
 One call for the loop, whatever the model: a TinyDiT loaded from its base checkpoint (every weight
 trained), a diffusers transformer with LoRA rebuilt from the ``model`` section (base drawn from
 ``init_seed``, LoRA B at zero, so the policy starts as its base), or a diffusers pipeline folder
-(``model.pretrained``, `spotlight.models.pipeline_policy`) at the rollout's resolution and guidance.
+(``model.pretrained``, `spotlight.models.pipelines.policy`) at the rollout's resolution and guidance.
 Called twice it returns two equal policies, which is how the loop gets its frozen reference. The
 policy is placed on the config's ``device``; a bad folder, resolution or device is one line
 (`ConfigError`, naming the field).
@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from spotlight.models.diffusers_config import DiffusersPolicyConfig
-from spotlight.models.pipeline_folder import PipelineFolderError
+from spotlight.models.pipelines.family_config import DiffusersPolicyConfig
+from spotlight.models.pipelines.folder import PipelineFolderError
 from spotlight.models.policy import Policy
 from spotlight.models.rebuild import policy_from_config
-from spotlight.rl.checkpoint import load_model
+from spotlight.components.checkpoint import load_model
 from spotlight.schema import ConfigError
 from spotlight.tasks.registry import get_task
 

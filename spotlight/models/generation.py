@@ -4,7 +4,7 @@ Not a policy object (that is `spotlight.models`): this is the glue every place t
 calls (the loop, exploration, evaluation, spot devices), so it is written once.
 
 A policy that brings its own conditioning and output space (a diffusers pipeline folder,
-`spotlight.models.pipeline_policy`) defines ``tokenize(prompts, guided)`` (its prompt ids) and
+`spotlight.models.pipelines.policy`) defines ``tokenize(prompts, guided)`` (its prompt ids) and
 ``decode_images(latents)`` (its VAE); a pixel-space policy (TinyDiT, the tiny diffusers families) is
 tokenized by its task and its samples are the images.
 """

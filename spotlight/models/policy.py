@@ -13,7 +13,7 @@ this protocol, so the loop never asks which one it holds:
   matrices alone; the base is rebuilt from ``describe()``;
 - ``describe()``, JSON that rebuilds the policy without its trained tensors (``model.json``);
 - ``attention_fn``, the attention kernel every block calls, the hook through which sequence
-  parallelism is applied from outside (``spotlight.runtime.ulysses``);
+  parallelism is applied from outside (``spotlight.runtime.sp.ulysses``);
 - ``latent_shape`` and ``config.task`` / ``config.max_text_len``: what to sample and how its prompts
   are tokenized.
 

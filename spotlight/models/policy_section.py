@@ -7,7 +7,7 @@ no VAE, so the task's reward scores its samples as it scores a TinyDiT's), its p
 task's token ids through a frozen text encoder, and every random weight comes from ``init_seed``.
 That seed, not a file, is the base a LoRA checkpoint refers to.
 
-``pretrained: FOLDER`` trains a real diffusers pipeline folder instead (`spotlight.models.pipeline_policy`):
+``pretrained: FOLDER`` trains a real diffusers pipeline folder instead (`spotlight.models.pipelines.policy`):
 its family comes from the folder's ``model_index.json``, its prompts are encoded by its own text
 encoders, it samples latents at ``rollout.resolution`` on its scheduler's schedule, with
 ``rollout.guidance_scale``, and its VAE decodes them for the reward. ``finetune`` picks LoRA (rank,
@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from spotlight.models.diffusers_config import TINY_CONFIGS, DiffusersPolicyConfig, DTypeName, Finetune
-from spotlight.models.pipeline_folder import read_pipeline_folder
+from spotlight.models.pipelines.family_config import TINY_CONFIGS, DiffusersPolicyConfig, DTypeName, Finetune
+from spotlight.models.pipelines.folder import read_pipeline_folder
 from spotlight.schema import Section
 
 PolicyFamily = Literal["tinydit", "sd3", "flux", "qwen-image"]

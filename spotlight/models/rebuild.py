@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from spotlight.models.diffusers_adapter import ARCHITECTURE as DIFFUSERS_ARCHITECTURE
-from spotlight.models.diffusers_adapter import DiffusersPolicy
-from spotlight.models.diffusers_config import DiffusersPolicyConfig
-from spotlight.models.pipeline_policy import PipelinePolicy
+from spotlight.models.pipelines.adapter import ARCHITECTURE as DIFFUSERS_ARCHITECTURE
+from spotlight.models.pipelines.adapter import DiffusersPolicy
+from spotlight.models.pipelines.family_config import DiffusersPolicyConfig
+from spotlight.models.pipelines.policy import PipelinePolicy
 from spotlight.models.policy import Policy
 from spotlight.models.tinydit import ARCHITECTURE as TINYDIT_ARCHITECTURE
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from spotlight.models.diffusers_adapter import DiffusersPolicy
+from spotlight.models.pipelines.adapter import DiffusersPolicy
 from spotlight.models.policy import Policy
 
 __all__ = ["LoraShadow", "frozen_base", "frozen_copy", "is_lora"]

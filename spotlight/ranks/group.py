@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from spotlight.ranks.data_parallel import RankShare, data_parallel
 from spotlight.rl.grpo import RolloutBatch
-from spotlight.rl.manifest import write_text_durably
+from spotlight.components.manifest import write_text_durably
 from spotlight.run_error import RunError
 
 __all__ = ["COLLECTIVE_TIMEOUT_S", "TrainerRanks"]
@@ -60,7 +60,7 @@ class TrainerRank:
     """Rank k ≥ 1 (a Ray actor): the policy, θ_old, the frozen reference and the optimizer, replicas of the driver's."""
 
     def __init__(self, config: Any, rank: int, core: int | None) -> None:
-        from spotlight.base_policy import build_policy
+        from spotlight.models.base_policy import build_policy
         from spotlight.models.shadow import frozen_base, frozen_copy
         from spotlight.rl.rollout_update import build_optimizer, uses_reference
         from spotlight.runtime.cores import pin_process
@@ -90,7 +90,7 @@ class TrainerRank:
                section: Any) -> dict[str, float]:
         """One update on this rank; ``section``: the loop's training section this iteration (as rank 0's)."""
         from spotlight.rl.rollout_update import rollout_update
-        from spotlight.streams import Stream, iteration_generator
+        from spotlight.loop.streams import Stream, iteration_generator
 
         self.previous.load_broadcast_state(previous_state)
         generator = iteration_generator(self.config.seed, iteration, Stream.UPDATE)
@@ -117,7 +117,7 @@ class TrainerRanks:
         self.cluster = None
         self.actors: list[Any] = []
         if not ray.is_initialized():
-            from spotlight.runtime.pools import LocalCluster
+            from spotlight.runtime.spot.pools import LocalCluster
 
             cores = [core for core in (config.device_core(0),) if core is not None]
             self.cluster = LocalCluster(node_timeout_s=config.runtime.node_timeout_s, control_cores=cores or None)

@@ -25,9 +25,9 @@ from typing import Any
 import torch
 
 from spotlight.rewards.base import Metadata, Reward, RewardError, RewardOutput, guarded_score
-from spotlight.rewards.http_client import shift_sample_index
+from spotlight.rewards.server.client import shift_sample_index
 from spotlight.rewards.section import RewardSection
-from spotlight.rewards.wire import decode_output, encode_output
+from spotlight.rewards.server.wire import decode_output, encode_output
 
 START_TIMEOUT_S = 300.0  # building a reward may load a large model
 Builder = Callable[[RewardSection, Any], Reward]  # (section, task default) -> reward, run in the worker

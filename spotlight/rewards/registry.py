@@ -42,7 +42,7 @@ def build_named(name: str, section: RewardSection, task_default: TaskReward | No
     """One reward by its name (a built-in, `http` or `pkg.module:function`), configured from `section`."""
     del task_default  # the built-ins below cover the tasks' rewards by name
     if name == "http":
-        from spotlight.rewards.remote import connect_http_reward
+        from spotlight.rewards.server.remote import connect_http_reward
 
         assert section.url is not None  # RewardSection refuses http without a url
         return connect_http_reward(section.url, section.deadline_s, section.retries)
@@ -54,25 +54,25 @@ def build_named(name: str, section: RewardSection, task_default: TaskReward | No
 
 
 def _shapes(section: RewardSection) -> Reward:
-    from spotlight.rewards.geneval import GenEvalReward
+    from spotlight.rewards.geneval.reward import GenEvalReward
 
     return GenEvalReward(section.strict_weight)
 
 
 def _ocr_line(section: RewardSection) -> Reward:
-    from spotlight.rewards.ocr import OCRReward
+    from spotlight.rewards.ocr.reward import OCRReward
 
     return OCRReward()
 
 
 def _ocr_scene(section: RewardSection) -> Reward:
-    from spotlight.rewards.ocr_scene import SceneOCRReward
+    from spotlight.rewards.ocr.scene import SceneOCRReward
 
     return SceneOCRReward(device=section.device)
 
 
 def _geneval(section: RewardSection) -> Reward:
-    from spotlight.rewards.geneval_detector import load_geneval_reward
+    from spotlight.rewards.geneval.detector import load_geneval_reward
 
     return load_geneval_reward(section.models, section.device, section.batch_size, section.strict_weight)
 

@@ -38,17 +38,17 @@ class RuntimeSection(Section):
     round runs whole, so a run's numbers do not depend on when spot devices come and go: the round's
     plan is the planner's single arm (required) whatever the number of spot devices up, and at the
     round's close the on-demand device serves what is left through the queue beside the spot devices
-    (bit-identical results, `spotlight.runtime.worker.worker_loop`); for reproducible runs under
+    (bit-identical results, `spotlight.runtime.spot.worker.worker_loop`); for reproducible runs under
     preemptions (`benchmarks/chaos.py`), at the cost of exploration on the critical path when spot
     devices are short. ``min_step_s``: a spot device's exploration
     pass takes at least this long, to emulate a slower accelerator in tests and demos (0: CPU speed);
     with ``sp_degree`` > 1, each SP denoising step does. ``sp_degree``: 1 runs one single-process
     device per spot node; k > 1 serves exploration with elastic SP groups of degree k instead (each
-    spot node's agent keeps k device processes, `spotlight.runtime.elastic_sp`), re-formed after
+    spot node's agent keeps k device processes, `spotlight.runtime.sp.elastic`), re-formed after
     each preemption and logged to run_dir/reconfigurations.jsonl; the rollout then runs on the
     on-demand device only. It must divide the model's attention heads (local cluster only).
     ``cloud``, ``metadata_url``, ``watch_interval_s`` (attached clusters only): every spot node runs
-    a preemption watcher (`spotlight.runtime.watchers`) that polls that cloud's metadata service
+    a preemption watcher (`spotlight.runtime.spot.watchers`) that polls that cloud's metadata service
     (``auto``: detected on each node; ``none``: no watcher) at its own address, or at
     ``metadata_url`` (``{node_id}`` is replaced by the node's Ray id) every ``watch_interval_s``.
     """

@@ -51,13 +51,13 @@ class Task:
 
 
 def _shapes_reward(strict_weight: float) -> Reward:
-    from spotlight.rewards.geneval import GenEvalReward
+    from spotlight.rewards.geneval.reward import GenEvalReward
 
     return GenEvalReward(strict_weight)
 
 
 def _ocr_reward(strict_weight: float) -> Reward:
-    from spotlight.rewards.ocr import OCRReward  # imports onnxruntime: only when the OCR task runs
+    from spotlight.rewards.ocr.reward import OCRReward  # imports onnxruntime: only when the OCR task runs
 
     del strict_weight  # the OCR reward is already graded (1 - normalised edit distance)
     return OCRReward()

@@ -14,9 +14,9 @@ import torch
 from spotlight.config import TrainConfig, parse_config
 from spotlight.data import DatasetError, PromptDataset
 from spotlight.data.metadata_reward import bind_metadata
-from spotlight.pipeline import Trainer
+from spotlight.loop.trainer import Trainer
 from spotlight.rewards.base import RewardOutput, guarded_score
-from spotlight.rewards.geneval import GenEvalReward
+from spotlight.rewards.geneval.reward import GenEvalReward
 from spotlight.tasks.registry import get_task
 
 

@@ -7,8 +7,8 @@ import json
 import sys
 
 from spotlight.config import TrainConfig, load_config
-from spotlight.pipeline import train
-from spotlight.runtime.pools import LocalCluster
+from spotlight.loop.trainer import train
+from spotlight.runtime.spot.pools import LocalCluster
 
 if __name__ == "__main__":
     cluster = LocalCluster()  # lent to every run: each starts only its own actors

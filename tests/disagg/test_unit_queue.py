@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from spotlight.disagg.versions import VersionGate
-from spotlight.runtime.disagg_queue import Task, UnitQueue
+from spotlight.disagg.runtime.queue import Task, UnitQueue
 
 
 def units(step: int, count: int) -> list[Task]:

@@ -4,7 +4,7 @@ from random_models import TINY_SHAPES_CONFIG, randomised_tinydit
 from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.explore.candidates import exploration_sampling
 from spotlight.explore.planner import ExplorePlan
-from spotlight.generation import generate
+from spotlight.models.generation import generate
 
 ROLLOUT = SamplingPlan(num_steps=6, shift=3.0, sampler="sde", noise_level=0.7, sde_steps=4)
 CONFIG = TINY_SHAPES_CONFIG

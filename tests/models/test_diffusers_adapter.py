@@ -9,16 +9,16 @@ import torch
 from spotlight.config import ConfigError, TrainSection, parse_config
 from spotlight.diffusion.sampler import SamplingPlan, sample
 from spotlight.models.attention import sdpa_attention
-from spotlight.models.diffusers_adapter import DiffusersPolicy
-from spotlight.models.diffusers_config import DEFAULT_LORA_TARGETS, DiffusersPolicyConfig
-from spotlight.models.diffusers_inputs import (
+from spotlight.models.pipelines.adapter import DiffusersPolicy
+from spotlight.models.pipelines.family_config import DEFAULT_LORA_TARGETS, DiffusersPolicyConfig
+from spotlight.models.pipelines.inputs import (
     PromptEmbeddings,
     latent_image_ids,
     pack_latents,
     transformer_velocity,
     unpack_latents,
 )
-from spotlight.models.diffusers_loading import DiffusersLoadError, build_tiny_transformer, load_transformer
+from spotlight.models.pipelines.loading import DiffusersLoadError, build_tiny_transformer, load_transformer
 from spotlight.rl.grpo import RolloutBatch, grpo_update
 
 torch.set_num_threads(1)

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from spotlight.config import TrainConfig, load_config
-from spotlight.models.diffusers_adapter import DiffusersPolicy
-from spotlight.models.diffusers_config import DEFAULT_LORA_TARGETS, DiffusersPolicyConfig
-from spotlight.models.memory_estimate import ModelSizes, estimate_training_memory, model_sizes, run_memory_estimate
-from spotlight.models.tiny_pipelines import save_tiny_pipeline
+from spotlight.models.pipelines.adapter import DiffusersPolicy
+from spotlight.models.pipelines.family_config import DEFAULT_LORA_TARGETS, DiffusersPolicyConfig
+from spotlight.models.pipelines.memory_estimate import ModelSizes, estimate_training_memory, model_sizes, run_memory_estimate
+from spotlight.models.pipelines.tiny import save_tiny_pipeline
 
 GIB = 1024**3
 

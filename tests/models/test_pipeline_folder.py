@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from spotlight.diffusion.sampler import SamplingPlan
-from spotlight.models.pipeline_folder import PipelineFolderError, read_pipeline_folder
+from spotlight.models.pipelines.folder import PipelineFolderError, read_pipeline_folder
 
 FAMILIES = ("sd3", "flux", "qwen-image")
 

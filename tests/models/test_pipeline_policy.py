@@ -16,9 +16,9 @@ import torch
 
 from spotlight.diffusion.noise import initial_latents
 from spotlight.diffusion.sampler import SamplingPlan, sample
-from spotlight.models.diffusers_config import DiffusersPolicyConfig
-from spotlight.models.diffusers_inputs import pack_latents, unpack_latents
-from spotlight.models.pipeline_policy import PipelinePolicy
+from spotlight.models.pipelines.family_config import DiffusersPolicyConfig
+from spotlight.models.pipelines.inputs import pack_latents, unpack_latents
+from spotlight.models.pipelines.policy import PipelinePolicy
 from spotlight.models.rebuild import policy_from_config
 
 FAMILIES = ("sd3", "flux", "qwen-image")
@@ -195,7 +195,7 @@ def test_validation_samples_a_pipeline_checkpoint_on_its_own_schedule(tiny_pipel
     """`spotlight eval` passes no schedule: evaluate() takes the policy's, so its images are the pipeline's."""
     from brightness_reward import Brightness
 
-    from spotlight.evaluation import evaluate, validation_seeds
+    from spotlight.loop.evaluation import evaluate, validation_seeds
 
     policy = pipeline_policy(tiny_pipeline("flux"), "flux")
     result = evaluate(policy, [PROMPT], Brightness(), seeds_per_prompt=1, num_steps=STEPS, shift=1.0)

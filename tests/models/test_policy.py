@@ -6,10 +6,10 @@ import pytest
 import torch
 from random_models import TINY_SHAPES_CONFIG, randomised_tinydit
 
-from spotlight.generation import prompt_tokens
+from spotlight.models.generation import prompt_tokens
 from spotlight.models.attention import sdpa_attention
-from spotlight.models.diffusers_adapter import DiffusersPolicy
-from spotlight.models.diffusers_config import DiffusersPolicyConfig
+from spotlight.models.pipelines.adapter import DiffusersPolicy
+from spotlight.models.pipelines.family_config import DiffusersPolicyConfig
 from spotlight.models.policy import Policy
 from spotlight.models.rebuild import policy_from_config, policy_from_description
 from spotlight.tasks.shapes import VOCAB

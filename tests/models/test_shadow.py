@@ -10,12 +10,12 @@ import torch
 from safetensors.torch import load_file
 
 from spotlight.config import TrainConfig, parse_config
-from spotlight.models.diffusers_adapter import DiffusersPolicy
+from spotlight.models.pipelines.adapter import DiffusersPolicy
 from spotlight.models.policy_section import PolicySection
 from spotlight.models.rebuild import policy_from_config
 from spotlight.models.shadow import LoraShadow, frozen_base, frozen_copy
-from spotlight.pipeline import Trainer
-from spotlight.pretrain import update_ema
+from spotlight.loop.trainer import Trainer
+from spotlight.loop.pretrain import update_ema
 from spotlight.tasks.shapes import VOCAB
 
 

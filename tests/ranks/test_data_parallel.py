@@ -19,7 +19,7 @@ import torch.multiprocessing as mp
 from random_models import TINY_SHAPES_CONFIG, randomised_tinydit
 
 from spotlight.config import TrainSection
-from spotlight.models.diffusers_config import DiffusersPolicyConfig
+from spotlight.models.pipelines.family_config import DiffusersPolicyConfig
 from spotlight.models.rebuild import policy_from_config
 from spotlight.models.shadow import frozen_base, frozen_copy
 from spotlight.ranks.data_parallel import RankShare, data_parallel, full_state, sharded

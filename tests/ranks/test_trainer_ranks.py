@@ -23,8 +23,8 @@ import yaml
 from brightness_reward import Brightness
 
 from spotlight.config import TrainConfig, parse_config
-from spotlight.pipeline import train
-from spotlight.rl.checkpoint import latest_checkpoint, load_model_state
+from spotlight.loop.trainer import train
+from spotlight.components.checkpoint import latest_checkpoint, load_model_state
 
 # Ray starts a local cluster and a rank actor per run: end-to-end, so marked slow (they still run in CI)
 pytestmark = [pytest.mark.slow,
@@ -60,7 +60,7 @@ def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def ray_cluster():
     """One local Ray cluster for the in-process runs (their ranks start on it instead of each starting one)."""
-    from spotlight.runtime.pools import LocalCluster
+    from spotlight.runtime.spot.pools import LocalCluster
 
     cluster = LocalCluster(node_timeout_s=600)
     yield cluster

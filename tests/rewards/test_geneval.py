@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from spotlight.rewards.base import guarded_score
-from spotlight.rewards.geneval import (
+from spotlight.rewards.geneval.reward import (
     Detection,
     GenEvalReward,
     classify_pixels,

@@ -10,8 +10,8 @@ import torch
 from PIL import Image
 
 from spotlight.rewards.base import RewardContractError, RewardError, guarded_score
-from spotlight.rewards.geneval_colour import CLIPColourClassifier
-from spotlight.rewards.geneval_rules import COLORS, Detection
+from spotlight.rewards.geneval.colour import CLIPColourClassifier
+from spotlight.rewards.geneval.rules import COLORS, Detection
 from spotlight.rewards.registry import build_reward
 from spotlight.rewards.section import RewardSection
 

@@ -10,7 +10,7 @@ evaluate_images.py, worked out by hand in each test.
 import numpy as np
 import pytest
 
-from spotlight.rewards.geneval_rules import (
+from spotlight.rewards.geneval.rules import (
     COLORS,
     MAX_OBJECTS,
     Detection,

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from spotlight.rewards.geneval import GenEvalReward
-from spotlight.rewards.http_client import HTTPReward
-from spotlight.rewards.server import FaultPlan, RewardServer
+from spotlight.rewards.geneval.reward import GenEvalReward
+from spotlight.rewards.server.client import HTTPReward
+from spotlight.rewards.server.server import FaultPlan, RewardServer
 from spotlight.tasks.render import render_batch
 from spotlight.tasks.shapes import train_val_split
 

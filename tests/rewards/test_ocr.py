@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from spotlight.rewards.base import guarded_score
-from spotlight.rewards.ocr import OCRReward, edit_distance, ocr_score
+from spotlight.rewards.ocr.reward import OCRReward, edit_distance, ocr_score
 from spotlight.tasks.text_render import HEIGHT, WIDTH, render_batch
 
 PROMPTS = ['the word "garden"', 'the number "48213"', 'the word "sky"', 'the word "airplane"',

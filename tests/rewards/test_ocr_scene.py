@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from spotlight.rewards.base import guarded_score
-from spotlight.rewards.ocr_scene import SceneOCRReward, quoted_text, scene_ocr_score
-from spotlight.rewards.ocr_scenes import SIZE, render_scene
+from spotlight.rewards.ocr.scene import SceneOCRReward, quoted_text, scene_ocr_score
+from spotlight.rewards.ocr.scenes import SIZE, render_scene
 
 
 def test_the_target_is_the_text_between_the_first_pair_of_double_quotes():

@@ -7,7 +7,7 @@ from pydantic import ValidationError
 from spotlight.config import TrainConfig
 from spotlight.rewards.base import RewardContractError, RewardError, guarded_score
 from spotlight.rewards.composite import CompositeReward
-from spotlight.rewards.ocr_scenes import render_scene
+from spotlight.rewards.ocr.scenes import render_scene
 from spotlight.rewards.registry import build_reward
 from spotlight.rewards.section import RewardSection
 from spotlight.tasks.registry import get_task

@@ -15,14 +15,14 @@ from typer.testing import CliRunner
 
 from spotlight.cli import app
 from spotlight.config import TrainConfig, parse_config
-from spotlight.pipeline import train
+from spotlight.loop.trainer import train
 from spotlight.rewards.base import RewardError, guarded_score
-from spotlight.rewards.http_client import HTTPReward
+from spotlight.rewards.server.client import HTTPReward
 from spotlight.rewards.registry import build_reward
 from spotlight.rewards.section import RewardSection
-from spotlight.rewards.serve import served_reward
-from spotlight.rewards.server import RewardServer
-from spotlight.rewards.supervisor import free_port
+from spotlight.cli_serve import served_reward
+from spotlight.rewards.server.server import RewardServer
+from spotlight.rewards.server.supervisor import free_port
 from spotlight.tasks.registry import get_task
 
 HERE = Path(__file__).resolve().parent
@@ -132,7 +132,7 @@ def test_a_composite_run_logs_each_term_in_metrics_and_the_report(tiny_clip, tmp
 
 @pytest.mark.slow
 def test_the_supervisor_serves_a_config_reward_given_serve_args(monkeypatch):
-    from spotlight.rewards.supervisor import RewardSupervisor
+    from spotlight.rewards.server.supervisor import RewardSupervisor
 
     monkeypatch.setenv("PYTHONPATH", str(HERE))
     supervisor = RewardSupervisor("shapes", free_port(), serve_args=["-s", "reward.name=reward_functions:brightness"])
@@ -146,7 +146,7 @@ def test_the_supervisor_serves_a_config_reward_given_serve_args(monkeypatch):
 
 @pytest.mark.slow
 def test_a_run_with_overlap_scores_in_the_worker_and_learns_what_a_run_without_it_learns(tiny_base_model, tmp_path):
-    from spotlight.pipeline import Trainer
+    from spotlight.loop.trainer import Trainer
     from spotlight.rewards.pool import PooledReward
 
     runs = {}

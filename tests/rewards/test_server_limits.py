@@ -19,9 +19,9 @@ from typer.testing import CliRunner
 
 from spotlight.cli import app
 from spotlight.http_fetch import fetch
-from spotlight.rewards.geneval import GenEvalReward
-from spotlight.rewards.http_client import HTTPReward
-from spotlight.rewards.server import RewardServer, RewardServerError, ServerLimits
+from spotlight.rewards.geneval.reward import GenEvalReward
+from spotlight.rewards.server.client import HTTPReward
+from spotlight.rewards.server.server import RewardServer, RewardServerError, ServerLimits
 from spotlight.tasks.render import render_batch
 from spotlight.tasks.shapes import train_val_split
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from spotlight.rewards.detection import GENEVAL_NAMES
+from spotlight.rewards.geneval.detection import GENEVAL_NAMES
 
 # a few COCO classes in the checkpoint's spelling ("mouse" becomes GenEval's "computer mouse")
 TINY_DETECTOR_LABELS = ("person", "bench", "pizza", "clock", "mouse", "couch", "bird", "sink")

@@ -11,7 +11,7 @@ import torch
 from random_models import randomised_tinydit
 
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
-from spotlight.rl.checkpoint import (
+from spotlight.components.checkpoint import (
     MODEL_CONFIG_FILE,
     MODEL_FILE,
     CheckpointError,
@@ -22,7 +22,7 @@ from spotlight.rl.checkpoint import (
     save_model,
     save_training_checkpoint,
 )
-from spotlight.rl.manifest import write_manifest
+from spotlight.components.manifest import write_manifest
 
 CONFIG = TinyDiTConfig(image_size=8, in_channels=3, patch_size=4, dim=32, depth=1, num_heads=2, vocab_size=16,
                        max_text_len=4)
@@ -278,7 +278,7 @@ def test_a_truncated_newest_checkpoint_falls_back_to_the_previous_one(tmp_path: 
     first = save_training_checkpoint(tmp_path, 1, model, optimizer, None, {})
     second = save_training_checkpoint(tmp_path, 2, model, optimizer, None, {})
     os.truncate(second / damaged, (second / damaged).stat().st_size // 2)
-    with caplog.at_level(logging.WARNING, logger="spotlight.rl.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="spotlight.components.checkpoint"):
         assert latest_checkpoint(tmp_path) == first
     assert "iter-000002" in caplog.text and damaged in caplog.text and "truncated" in caplog.text
     with pytest.raises(CheckpointError, match="truncated"):

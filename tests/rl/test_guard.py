@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from spotlight.rl.guard import GuardSection, RunGuard
+from spotlight.components.guard import GuardSection, RunGuard
 
 
 def record(iteration: int, reward: float = 0.5, spread: float = 0.3, zero: float = 0.0, loss: float = 0.2,

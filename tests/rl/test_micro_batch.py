@@ -11,7 +11,7 @@ from random_models import TINY_SHAPES_CONFIG, randomised_tinydit
 
 from spotlight.config import TrainSection
 from spotlight.diffusion.sampler import SamplingPlan
-from spotlight.generation import generate
+from spotlight.models.generation import generate
 from spotlight.rl.grpo import RolloutBatch, grpo_update
 from spotlight.rl.micro_batch import micro_batches
 from spotlight.rl.nft import nft_update

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from spotlight.runtime.agent import NodeAgent
+from spotlight.runtime.sp.agent import NodeAgent
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from spotlight.diffusion.noise import initial_latents
-from spotlight.generation import generate
+from spotlight.models.generation import generate
 from spotlight.models.policy import Policy
-from spotlight.runtime.agent import NodeAgent
-from spotlight.runtime.queue import Request
+from spotlight.runtime.sp.agent import NodeAgent
+from spotlight.runtime.queue.request_queue import Request
 
 
 def denoise_on_group(

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 import ray
 
-from spotlight.runtime.ray_nodes import patient_start
+from spotlight.runtime.spot.ray_nodes import patient_start
 
 NODE_START_S = 240.0  # a bound for failing on a machine too busy to start Ray at all, not a wait
 

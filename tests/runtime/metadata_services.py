@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from spotlight.runtime.preemption import AwsSpotPoller, AzureScheduledEventsPoller, GcpPreemptionPoller
+from spotlight.runtime.spot.preemption import AwsSpotPoller, AzureScheduledEventsPoller, GcpPreemptionPoller
 
 
 class FakeMetadata:

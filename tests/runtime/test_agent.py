@@ -1,7 +1,7 @@
 """The node agent with real device processes and real gloo groups: form, break, re-form, resume.
 
 One agent (two devices and one warm spare) serves the module. Golden numbers come from the plain
-single-device sampler in this process (`spotlight.generation.generate`), a path that shares no code with
+single-device sampler in this process (`spotlight.models.generation.generate`), a path that shares no code with
 the device processes, the sharding or the all-to-alls.
 """
 
@@ -18,9 +18,9 @@ from random_models import randomised_tinydit
 
 from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
-from spotlight.runtime.agent import AgentError, GroupBroken, NodeAgent
-from spotlight.runtime.queue import Request, RequestQueue
-from spotlight.runtime.reconfigure import plan_groups
+from spotlight.runtime.sp.agent import AgentError, GroupBroken, NodeAgent
+from spotlight.runtime.queue.request_queue import Request, RequestQueue
+from spotlight.runtime.sp.reconfigure import plan_groups
 from spotlight.tasks import text
 
 CONFIG = TinyDiTConfig(image_size=16, patch_size=4, dim=64, depth=2, num_heads=4)  # 16 + 12 tokens

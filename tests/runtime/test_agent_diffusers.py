@@ -2,8 +2,8 @@
 
 The agent is sent only the LoRA matrices; each device process rebuilds the frozen Qwen-Image base and
 its text encoder from the config's ``init_seed``, and the group shards the image and text tokens
-(`spotlight.runtime.diffusers_sp`). Golden numbers come from the plain single-device sampler in this
-process (`spotlight.generation.generate`), which shares no code with the device processes, the
+(`spotlight.runtime.sp.diffusers_denoise`). Golden numbers come from the plain single-device sampler in this
+process (`spotlight.models.generation.generate`), which shares no code with the device processes, the
 sharding or the all-to-alls. One agent (two devices and one warm spare) serves the module.
 """
 
@@ -17,14 +17,14 @@ import pytest
 import torch
 from group_steps import denoise_on_group, single_device
 
-from spotlight.base_policy import build_policy
+from spotlight.models.base_policy import build_policy
 from spotlight.config import TrainConfig, load_config
 from spotlight.diffusion.sampler import SamplingPlan
-from spotlight.models.diffusers_adapter import DiffusersPolicy
-from spotlight.runtime.agent import NodeAgent
-from spotlight.runtime.queue import Request, RequestQueue
-from spotlight.runtime.reconfigure import plan_groups
-from spotlight.runtime.sp_policy import attention_heads, check_sp_policy
+from spotlight.models.pipelines.adapter import DiffusersPolicy
+from spotlight.runtime.sp.agent import NodeAgent
+from spotlight.runtime.queue.request_queue import Request, RequestQueue
+from spotlight.runtime.sp.reconfigure import plan_groups
+from spotlight.runtime.sp.policy import attention_heads, check_sp_policy
 
 CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "qwen-image-tiny-lora.yaml"
 PLAN = SamplingPlan(num_steps=4, shift=3.0, sampler="sde", noise_level=0.7)

@@ -15,8 +15,8 @@ import ray
 from metadata_services import AwsImdsPerNode, FakeMetadata, iso
 
 from spotlight.config import TrainConfig, parse_config
-from spotlight.pipeline import Trainer
-from spotlight.runtime.ray_nodes import start_node
+from spotlight.loop.trainer import Trainer
+from spotlight.runtime.spot.ray_nodes import start_node
 
 NOTICE_S = 120.0  # what AWS gives a spot instance
 TIME_SCALE = 1 / 40  # the test plays those 120 s in 3 s

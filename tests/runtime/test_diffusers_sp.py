@@ -17,10 +17,10 @@ import torch
 import torch.distributed as dist
 from gloo_ranks import run_ranks
 
-from spotlight.models.diffusers_adapter import DiffusersPolicy
-from spotlight.models.diffusers_config import DiffusersPolicyConfig
-from spotlight.models.diffusers_inputs import PromptEmbeddings
-from spotlight.runtime.diffusers_sp import sequence_parallel
+from spotlight.models.pipelines.adapter import DiffusersPolicy
+from spotlight.models.pipelines.family_config import DiffusersPolicyConfig
+from spotlight.models.pipelines.inputs import PromptEmbeddings
+from spotlight.runtime.sp.diffusers_denoise import sequence_parallel
 
 WORLD = 2
 TOLERANCE = 1e-5

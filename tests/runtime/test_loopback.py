@@ -7,7 +7,7 @@ import datetime
 import torch.distributed as dist
 from listening_sockets import is_loopback, listening
 
-from spotlight.runtime.agent import NodeAgent, listening_store
+from spotlight.runtime.sp.agent import NodeAgent, listening_store
 
 
 def test_a_plain_master_tcpstore_listens_on_every_interface() -> None:

@@ -9,7 +9,7 @@ import pytest
 from drip_server import dripping_server
 from metadata_services import FakeMetadata
 
-from spotlight.runtime.preemption import AwsSpotPoller, AzureScheduledEventsPoller, GcpPreemptionPoller
+from spotlight.runtime.spot.preemption import AwsSpotPoller, AzureScheduledEventsPoller, GcpPreemptionPoller
 
 POLLERS = [AwsSpotPoller, GcpPreemptionPoller, AzureScheduledEventsPoller]
 
@@ -45,7 +45,7 @@ def test_an_endpoint_failing_on_every_poll_is_logged_once_per_streak(poller_type
     service = FakeMetadata(lambda request: (answer["status"], answer["body"]))
     try:
         poller = poller_type(service.url, node_id="spot-1", timeout_s=2.0)
-        with caplog.at_level(logging.WARNING, logger="spotlight.runtime.preemption"):
+        with caplog.at_level(logging.WARNING, logger="spotlight.runtime.spot.preemption"):
             for _ in range(5):
                 assert poller.poll() == []
             answer.update(status=200, body=healthy)
@@ -63,7 +63,7 @@ def test_aws_answering_500_on_every_poll_is_logged_once(caplog: pytest.LogCaptur
     service = FakeMetadata(lambda request: (500, "internal"))
     try:
         poller = AwsSpotPoller(service.url, node_id="spot-1", timeout_s=2.0)
-        with caplog.at_level(logging.WARNING, logger="spotlight.runtime.preemption"):
+        with caplog.at_level(logging.WARNING, logger="spotlight.runtime.spot.preemption"):
             for _ in range(5):
                 assert poller.poll() == []
     finally:

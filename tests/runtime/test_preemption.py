@@ -17,7 +17,7 @@ import pytest
 from metadata_services import AwsImds, AzureScheduledEvents, FakeMetadata, GcpMetadata, iso
 
 from spotlight.market.traces import Availability, NodeEvent, poisson_trace
-from spotlight.runtime.preemption import (
+from spotlight.runtime.spot.preemption import (
     AwsSpotPoller,
     AzureScheduledEventsPoller,
     GcpPreemptionPoller,
@@ -179,7 +179,7 @@ def test_an_unreachable_service_reads_as_no_notice_with_one_warning(caplog: pyte
     url = server.url
     server.close()  # nothing listens on the port any more
     poller = GcpPreemptionPoller(url, node_id="spot-4", timeout_s=0.5)
-    with caplog.at_level(logging.WARNING, logger="spotlight.runtime.preemption"):
+    with caplog.at_level(logging.WARNING, logger="spotlight.runtime.spot.preemption"):
         assert poller.poll() == [] and poller.poll() == []
     assert poller.errors == 2
     assert len(caplog.records) == 1 and "no notice" in caplog.records[0].getMessage()
@@ -192,7 +192,7 @@ def test_a_slow_or_confused_service_reads_as_no_notice(serve: Serve, caplog: pyt
 
     server = serve(slow)
     garbage = serve(lambda request: (200, "{not json"))
-    with caplog.at_level(logging.WARNING, logger="spotlight.runtime.preemption"):
+    with caplog.at_level(logging.WARNING, logger="spotlight.runtime.spot.preemption"):
         started = time.perf_counter()
         assert GcpPreemptionPoller(server.url, timeout_s=0.2).poll() == []
         assert time.perf_counter() - started < 0.9

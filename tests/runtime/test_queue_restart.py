@@ -17,9 +17,9 @@ import ray
 from local_ray_node import local_ray
 from test_worker import assert_bit_identical, make_requests, reference, settings
 
-from spotlight.rl.checkpoint import load_model
-from spotlight.runtime.queue_durable import start_durable_queue_actor
-from spotlight.runtime.worker import DenoiseWorker, model_weights
+from spotlight.components.checkpoint import load_model
+from spotlight.runtime.queue.durable import start_durable_queue_actor
+from spotlight.runtime.spot.worker import DenoiseWorker, model_weights
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ state that earlier tests leave in the pytest process does not count. Its process
 are read from the kernel and matched to them by inode, so other Ray clusters on the machine do not count.
 
 Ray binds a node's gRPC servers to 127.0.0.1 only when it resolves the node's address to 127.0.0.1,
-which `LocalCluster` arranges (`spotlight.runtime.pools._loopback_only`); without it the GCS, raylets
+which `LocalCluster` arranges (`spotlight.runtime.spot.pools._loopback_only`); without it the GCS, raylets
 and workers listened on "::" and the runtime-env agents on the machine's outward address.
 
 Placement: the driver is pinned to the trainer's core (0) as `spotlight train` pins it, and the cluster
@@ -34,8 +34,8 @@ sys.path.insert(0, {here!r})
 import psutil
 import ray
 from listening_sockets import listening_of_tree
-from spotlight.runtime.pools import LocalCluster
-from spotlight.runtime.queue_remote import start_queue_actor
+from spotlight.runtime.spot.pools import LocalCluster
+from spotlight.runtime.queue.remote import start_queue_actor
 os.sched_setaffinity(0, {{0}})  # the trainer's core
 cluster = LocalCluster(node_timeout_s=240.0, control_cores=[1])
 try:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from spotlight.runtime.ray_nodes import NodeStartError, patient_start, start_node, wait_until_alive
+from spotlight.runtime.spot.ray_nodes import NodeStartError, patient_start, start_node, wait_until_alive
 
 
 @dataclass

@@ -1,10 +1,10 @@
-"""The reconfiguration planner: pure rules on plain data (see spotlight/runtime/reconfigure.py)."""
+"""The reconfiguration planner: pure rules on plain data (see spotlight/runtime/sp/reconfigure.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from spotlight.runtime.reconfigure import (
+from spotlight.runtime.sp.reconfigure import (
     ReconfigureError,
     SPGroup,
     device_id,

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from spotlight.rewards.http_client import HTTPReward
-from spotlight.rewards.supervisor import RewardSupervisor, SupervisorError, free_port
+from spotlight.rewards.server.client import HTTPReward
+from spotlight.rewards.server.supervisor import RewardSupervisor, SupervisorError, free_port
 
 
 def test_a_killed_reward_server_is_restarted_at_its_address_and_scoring_goes_on(tmp_path: Path) -> None:

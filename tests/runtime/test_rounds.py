@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from spotlight.explore.planner import ExplorePlan
-from spotlight.runtime.rounds import Round, results_in_order
+from spotlight.runtime.queue.rounds import Round, results_in_order
 
 
 def test_a_round_alone_owns_all_its_device_time() -> None:

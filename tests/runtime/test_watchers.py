@@ -8,7 +8,7 @@ from pathlib import Path
 
 from metadata_services import AwsImdsPerNode, FakeMetadata, iso
 
-from spotlight.runtime.watchers import NodeWatcher, WatchSettings, detect_cloud
+from spotlight.runtime.spot.watchers import NodeWatcher, WatchSettings, detect_cloud
 
 
 def test_the_cloud_is_detected_from_the_dmi_vendor(tmp_path: Path) -> None:

@@ -2,9 +2,9 @@ import pytest
 import torch
 
 from spotlight.config import TrainConfig
-from spotlight.generation import prompt_tokens
+from spotlight.models.generation import prompt_tokens
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig, sincos_2d
-from spotlight.pipeline import RunError, Trainer
+from spotlight.loop.trainer import RunError, Trainer
 from spotlight.tasks import text
 from spotlight.tasks.registry import TASKS, get_task, task_of
 
@@ -55,7 +55,7 @@ def test_training_refuses_a_base_model_of_another_task(tiny_base_model, tmp_path
 
 
 def test_the_shipped_ocr_base_model_is_an_ocr_model_of_32x128_lines() -> None:
-    from spotlight.rl.checkpoint import load_model
+    from spotlight.components.checkpoint import load_model
 
     model = load_model("ocr-base")
     assert task_of(model) is TASKS["ocr"] and model.config.latent_shape == (3, 32, 128)
@@ -63,7 +63,7 @@ def test_the_shipped_ocr_base_model_is_an_ocr_model_of_32x128_lines() -> None:
 
 @pytest.mark.parametrize("name", sorted(TASKS))
 def test_each_task_is_a_preset_of_a_dataset_a_reward_and_a_shipped_base_model(name: str) -> None:
-    from spotlight.rl.checkpoint import load_model
+    from spotlight.components.checkpoint import load_model
 
     task = get_task(name)
     dataset = task.dataset()

@@ -2,9 +2,9 @@
 
     devices     the trainer is the driver, on the first core of ``device_cores`` (one thread); each of
                 ``disagg.generators`` generator devices is a Ray actor pinned to the next core
-                (`spotlight.runtime.disagg_generator`), which also scores its samples
+                (`spotlight.disagg.runtime.generator_actor`), which also scores its samples
     weights     θ_s is put in the object store once per step and published to the unit queue
-                (`spotlight.runtime.disagg_queue`); a generator loads it between tasks
+                (`spotlight.disagg.runtime.queue`); a generator loads it between tasks
     rollout     step s's batch is cut into units along the generation axis; generators PULL units
                 (newest weights the version gate allows) and push scored samples back; the trainer
                 assembles groups out of order (`GroupAssembler`) and the loop's update trains each
@@ -35,7 +35,7 @@ from typing import Any
 import ray
 import torch
 
-from spotlight.backends.disaggregated_stream import GroupStream
+from spotlight.disagg.runtime.stream import GroupStream
 from spotlight.backends.protocol import TrainerView
 from spotlight.diffusion.sampler import Trajectory
 from spotlight.disagg.assisted import trainer_assisted_fragment
@@ -45,15 +45,15 @@ from spotlight.disagg.samples import ScoredSample, cut_generation_units
 from spotlight.disagg.versions import VersionGate
 from spotlight.explore.candidates import exploration_sampling
 from spotlight.explore.planner import ExplorePlan
-from spotlight.generation import prompt_tokens
-from spotlight.rollout import group_metrics, rollout_plan
+from spotlight.models.generation import prompt_tokens
+from spotlight.loop.rollout import group_metrics, rollout_plan
 from spotlight.run_error import RunError
-from spotlight.runtime.disagg_generator import GeneratorDevice, unit_scorer, with_strict
-from spotlight.runtime.disagg_queue import Task, UnitQueue
-from spotlight.runtime.pools import LocalCluster
-from spotlight.runtime.worker import model_weights
-from spotlight.seed_choice import Exploration, select_explored
-from spotlight.streams import Stream, candidate_seeds, iteration_generator, iteration_prompts
+from spotlight.disagg.runtime.generator_actor import GeneratorDevice, unit_scorer, with_strict
+from spotlight.disagg.runtime.queue import Task, UnitQueue
+from spotlight.runtime.spot.pools import LocalCluster
+from spotlight.runtime.spot.worker import model_weights
+from spotlight.loop.seed_choice import Exploration, select_explored
+from spotlight.loop.streams import Stream, candidate_seeds, iteration_generator, iteration_prompts
 
 __all__ = ["DisaggregatedBackend"]
 

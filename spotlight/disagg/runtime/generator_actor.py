@@ -24,12 +24,12 @@ import torch
 from spotlight.disagg.generators import ScoreFn, generate_fragment
 from spotlight.disagg.samples import ScoredSample
 from spotlight.explore.candidates import score_latents
-from spotlight.generation import generate, images_of, prompt_tokens, to_images
+from spotlight.models.generation import generate, images_of, prompt_tokens, to_images
 from spotlight.models.policy import Policy
 from spotlight.rewards.base import Reward, guarded_score
 from spotlight.runtime.cores import pin_process
-from spotlight.runtime.disagg_queue import Task
-from spotlight.runtime.worker import model_from_weights
+from spotlight.disagg.runtime.queue import Task
+from spotlight.runtime.spot.worker import model_from_weights
 
 __all__ = ["GeneratorDevice", "run_task", "unit_scorer", "with_strict"]
 

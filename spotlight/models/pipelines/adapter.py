@@ -31,10 +31,10 @@ the config (a folder, or ``tiny`` with ``init_seed``) and rebuilt wherever it is
 
 Sequence parallelism (Ulysses). ``policy.attention_fn = fn`` routes the joint (text + image)
 attention of every block through ``fn(q, k, v, key_padding_mask)`` on (B, H, N, Dh), the interface of
-``spotlight.models.attention`` that ``spotlight.runtime.ulysses.UlyssesAttention`` implements; with
+``spotlight.models.attention`` that ``spotlight.runtime.sp.ulysses.UlyssesAttention`` implements; with
 plain SDPA it reproduces diffusers' own processors (tested). ``route_attention(fn, sequence_shards=P)``
 is the same for blocks that see one rank's token shard: the token-sharding half, applied from outside
-by ``spotlight.runtime.diffusers_sp`` (FLUX and Qwen-Image). diffusers' own context parallelism does
+by ``spotlight.runtime.sp.diffusers_denoise`` (FLUX and Qwen-Image). diffusers' own context parallelism does
 not serve here: in diffusers 0.42 it fails on a CPU before any work (it computes
 ``rank % torch.accelerator.device_count()``, which is 0 there), SD3 has no ``_cp_plan``, and its device
 mesh is fixed when parallelism is enabled, whereas the elastic runtime re-forms groups of other sizes.
@@ -57,11 +57,11 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from spotlight.models.attention import AttentionFn
-from spotlight.models.diffusers_config import DiffusersPolicyConfig, Family
-from spotlight.models.diffusers_inputs import PromptEmbeddings, latent_channels, transformer_velocity
-from spotlight.models.diffusers_loading import DiffusersLoadError, build_tiny_transformer, load_transformer
-from spotlight.models.joint_attention import JointAttentionProcessor
-from spotlight.models.text_encoder import TokenTextEncoder
+from spotlight.models.pipelines.family_config import DiffusersPolicyConfig, Family
+from spotlight.models.pipelines.inputs import PromptEmbeddings, latent_channels, transformer_velocity
+from spotlight.models.pipelines.loading import DiffusersLoadError, build_tiny_transformer, load_transformer
+from spotlight.models.pipelines.joint_attention import JointAttentionProcessor
+from spotlight.models.pipelines.text_encoder import TokenTextEncoder
 
 if TYPE_CHECKING:
     from diffusers.models.modeling_utils import ModelMixin
@@ -315,9 +315,9 @@ class DiffusersPolicy(nn.Module):
 
         LoRA: ``pytorch_lora_weights.safetensors``, so that ``DiffusionPipeline.from_pretrained(base)
         .load_lora_weights(directory)`` gives this policy; full fine-tuning: a ``transformer/`` folder that
-        ``from_pretrained`` loads (``spotlight.models.diffusers_export``). Every checkpoint holds it.
+        ``from_pretrained`` loads (``spotlight.models.pipelines.export``). Every checkpoint holds it.
         """
-        from spotlight.models.diffusers_export import save_diffusers_lora, save_transformer_folder
+        from spotlight.models.pipelines.export import save_diffusers_lora, save_transformer_folder
 
         if self.config.finetune == "full":
             return save_transformer_folder(self.transformer, directory)

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from spotlight.models.diffusers_config import Family
+from spotlight.models.pipelines.family_config import Family
 
 if TYPE_CHECKING:
     from diffusers.models.modeling_utils import ModelMixin

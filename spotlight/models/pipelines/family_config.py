@@ -82,7 +82,7 @@ class DiffusersPolicyConfig(Section):
     gradient_checkpointing: bool = False  # the transformer's enable_gradient_checkpointing(): memory for compute
     autocast: bool = False  # run the forward under torch.autocast(dtype) (LoRA: the float32 adapters too)
     # --- a whole pipeline folder (``pipeline: true``, ``pretrained`` its folder): its text encoders
-    # condition (prompt ids, spotlight.models.pipeline_prompts), its VAE decodes, its scheduler sets the
+    # condition (prompt ids, spotlight.models.pipelines.prompts), its VAE decodes, its scheduler sets the
     # schedule; ``resolution`` (pixels, height x width) sets the latents
     pipeline: bool = False
     resolution: tuple[int, int] | None = None

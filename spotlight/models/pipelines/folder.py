@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from spotlight.models.diffusers_config import Family
+from spotlight.models.pipelines.family_config import Family
 
 __all__ = ["PIPELINE_FAMILIES", "PipelineFolder", "PipelineFolderError", "ScheduleParams", "read_pipeline_folder"]
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from spotlight.models.diffusers_config import Family
-from spotlight.models.diffusers_inputs import pack_latents, unpack_latents
+from spotlight.models.pipelines.family_config import Family
+from spotlight.models.pipelines.inputs import pack_latents, unpack_latents
 
 __all__ = ["guided_velocity", "uses_true_cfg"]
 

@@ -1,7 +1,7 @@
 """What a diffusers transformer is handed: prompt embeddings, packed latents, RoPE ids and the timestep.
 
 `transformer_velocity` is the one place that knows each family's calling convention (see the table
-in `spotlight.models.diffusers_adapter`) and returns the velocity in Spotlight's convention.
+in `spotlight.models.pipelines.adapter`) and returns the velocity in Spotlight's convention.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from spotlight.models.diffusers_config import Family
+from spotlight.models.pipelines.family_config import Family
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,9 @@
 
 diffusers computes attention inside per-family processors; this one replaces them so that the
 attention itself is an ``AttentionFn`` (``spotlight.models.attention``): plain SDPA on one device, or
-``spotlight.runtime.ulysses.UlyssesAttention`` over a sequence-parallel group. The model definition
+``spotlight.runtime.sp.ulysses.UlyssesAttention`` over a sequence-parallel group. The model definition
 stays free of parallelism: the runtime swaps the kernel and, for token sharding, slices the inputs
-around the blocks (``spotlight.runtime.diffusers_sp``).
+around the blocks (``spotlight.runtime.sp.diffusers_denoise``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from spotlight.models.attention import AttentionFn
-from spotlight.models.diffusers_config import Family
+from spotlight.models.pipelines.family_config import Family
 
 
 class JointAttentionProcessor:

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from spotlight.models.diffusers_loading import quiet_loading
-from spotlight.models.pipeline_folder import PipelineFolder
+from spotlight.models.pipelines.loading import quiet_loading
+from spotlight.models.pipelines.folder import PipelineFolder
 
 __all__ = ["LatentDecoder"]
 

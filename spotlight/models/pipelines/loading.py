@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from spotlight.models.diffusers_config import TINY_CONFIGS, TRANSFORMER_CLASSES, Family
+from spotlight.models.pipelines.family_config import TINY_CONFIGS, TRANSFORMER_CLASSES, Family
 
 if TYPE_CHECKING:
     from diffusers.models.modeling_utils import ModelMixin

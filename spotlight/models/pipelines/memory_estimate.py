@@ -171,9 +171,9 @@ def run_memory_estimate(config: TrainConfig) -> MemoryEstimate | None:
     None for the toy models (they fit anywhere) and for a folder or resolution that does not fit: the
     run's start-up reports that in its own one line.
     """
-    from spotlight.models.diffusers_config import DEFAULT_LORA_TARGETS
-    from spotlight.models.pipeline_folder import PipelineFolderError, read_pipeline_folder
-    from spotlight.models.pipeline_prompts import DEFAULT_MAX_SEQUENCE_LENGTH
+    from spotlight.models.pipelines.family_config import DEFAULT_LORA_TARGETS
+    from spotlight.models.pipelines.folder import PipelineFolderError, read_pipeline_folder
+    from spotlight.models.pipelines.prompts import DEFAULT_MAX_SEQUENCE_LENGTH
 
     section = config.model
     if section.pretrained is None:

@@ -4,7 +4,7 @@
 routing are the same code) whose conditioning and output are the pipeline's own:
 
 - **prompts**: ``tokenize(prompts)`` gives (B, 2) int64 rows ``[prompt id, guided]``. The id indexes this
-  process's `PromptCache` of ``pipe.encode_prompt`` embeddings (see `spotlight.models.pipeline_prompts`
+  process's `PromptCache` of ``pipe.encode_prompt`` embeddings (see `spotlight.models.pipelines.prompts`
   for why ids, not embeddings, travel through the loop); ``guided`` says whether the caller wants the
   classifier-free-guided velocity (1) or the conditional one (0). Carrying that choice in the
   conditioning lets one policy serve both: sampling, exploration and Flow-GRPO's log-prob of the guided
@@ -12,7 +12,7 @@ routing are the same code) whose conditioning and output are the pipeline's own:
   CFG-free (its implicit policies are the conditional velocity; guidance is a sampling-time choice).
 - **guidance**: with ``guidance_scale`` > 1, guided rows get one batched forward of the conditional
   and the negative-prompt (``negative_prompt``, default "") halves, combined as the family's pipeline
-  combines them (`spotlight.models.guidance`); a guidance-distilled FLUX gets the scale as its
+  combines them (`spotlight.models.pipelines.guidance`); a guidance-distilled FLUX gets the scale as its
   ``guidance`` input instead.
 - **latents**: (C, h, w) from the VAE scale factor and the transformer's channels at ``resolution``
   (FLUX / Qwen-Image pack 2x2 inside the forward); ``decode_images`` runs the VAE (`LatentDecoder`).
@@ -26,14 +26,14 @@ from collections.abc import Sequence
 
 import torch
 
-from spotlight.models.diffusers_adapter import DiffusersPolicy
-from spotlight.models.diffusers_config import DiffusersPolicyConfig
-from spotlight.models.diffusers_inputs import PromptEmbeddings, transformer_velocity
-from spotlight.models.diffusers_loading import load_transformer
-from spotlight.models.guidance import guided_velocity, uses_true_cfg
-from spotlight.models.latent_decoder import LatentDecoder
-from spotlight.models.pipeline_folder import PipelineFolder, ScheduleParams, read_pipeline_folder
-from spotlight.models.pipeline_prompts import PromptCache
+from spotlight.models.pipelines.adapter import DiffusersPolicy
+from spotlight.models.pipelines.family_config import DiffusersPolicyConfig
+from spotlight.models.pipelines.inputs import PromptEmbeddings, transformer_velocity
+from spotlight.models.pipelines.loading import load_transformer
+from spotlight.models.pipelines.guidance import guided_velocity, uses_true_cfg
+from spotlight.models.pipelines.latent_decoder import LatentDecoder
+from spotlight.models.pipelines.folder import PipelineFolder, ScheduleParams, read_pipeline_folder
+from spotlight.models.pipelines.prompts import PromptCache
 
 __all__ = ["PipelinePolicy"]
 

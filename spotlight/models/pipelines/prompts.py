@@ -26,9 +26,9 @@ from typing import Any
 
 import torch
 
-from spotlight.models.diffusers_inputs import PromptEmbeddings
-from spotlight.models.diffusers_loading import quiet_loading
-from spotlight.models.pipeline_folder import PipelineFolder
+from spotlight.models.pipelines.inputs import PromptEmbeddings
+from spotlight.models.pipelines.loading import quiet_loading
+from spotlight.models.pipelines.folder import PipelineFolder
 
 __all__ = ["DEFAULT_MAX_SEQUENCE_LENGTH", "PromptCache", "prompt_id"]
 
@@ -77,7 +77,7 @@ class PromptCache:
         if self._pipe is None:
             import diffusers
 
-            from spotlight.models.pipeline_folder import PIPELINE_FAMILIES
+            from spotlight.models.pipelines.folder import PIPELINE_FAMILIES
 
             name = next(cls for cls, family in PIPELINE_FAMILIES.items() if family == self.family)
             # the text half of the pipeline: its encode_prompt is the reference we must equal
@@ -169,7 +169,7 @@ class PromptCache:
         for key in ids.reshape(-1).tolist():
             if key not in self._rows:
                 raise KeyError(f"prompt id {key} was never encoded in this process: turn prompts into ids with "
-                               "spotlight.generation.prompt_tokens(policy, prompts) here, not in another process")
+                               "spotlight.models.generation.prompt_tokens(policy, prompts) here, not in another process")
             rows.append(self._rows[key])
         lengths = [row.embeds.shape[1] for row in rows]
         longest = max(lengths)

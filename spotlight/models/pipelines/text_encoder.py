@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from spotlight.models.diffusers_inputs import PromptEmbeddings
+from spotlight.models.pipelines.inputs import PromptEmbeddings
 
 
 class TokenTextEncoder(nn.Module):

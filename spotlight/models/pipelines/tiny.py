@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from spotlight.models.diffusers_config import Family
+from spotlight.models.pipelines.family_config import Family
 
 __all__ = ["FAMILIES", "build_tiny_pipeline", "save_tiny_pipeline"]
 

@@ -1,0 +1,1 @@
+"""The GenEval reward: detector, colour classifier and the rules that turn detections into a score."""

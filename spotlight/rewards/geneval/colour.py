@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from spotlight.rewards.clip_embed import CLIP
-from spotlight.rewards.geneval_rules import COLORS, Detection
+from spotlight.rewards.geneval.rules import COLORS, Detection
 
 TEMPLATES = ("a photo of a {c} {name}", "a photo of a {c}-colored {name}", "a photo of a {c} object")
 BACKGROUND = (153, 153, 153)  # GenEval's bgcolor "#999"

@@ -15,7 +15,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from spotlight.rewards.geneval_rules import Detection
+from spotlight.rewards.geneval.rules import Detection
 from spotlight.rewards.model_folder import check_model_folder
 
 # COCO names in other spellings (detectron2 / torchvision / Pascal) -> GenEval's object_names.txt

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from spotlight.rewards.base import RewardOutput
-from spotlight.rewards.ocr import edit_distance
+from spotlight.rewards.ocr.reward import edit_distance
 
 TEXT_SCORE = 0.5  # PaddleOCR's drop_score: lines read with less confidence are ignored
 REC_BATCH = 64  # crops per recogniser call

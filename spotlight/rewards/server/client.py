@@ -17,7 +17,7 @@ import torch
 
 from spotlight.http_fetch import FetchError, fetch
 from spotlight.rewards.base import Metadata, RewardOutput
-from spotlight.rewards.wire import WireError, decode_output, encode_request
+from spotlight.rewards.server.wire import WireError, decode_output, encode_request
 
 
 class RequestFailed(RuntimeError):

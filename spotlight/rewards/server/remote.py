@@ -11,7 +11,7 @@ import json
 
 from spotlight.http_fetch import FetchError, fetch
 from spotlight.rewards.base import RewardError
-from spotlight.rewards.http_client import HTTPReward
+from spotlight.rewards.server.client import HTTPReward
 
 HEALTH_DEADLINE_S = 10.0
 

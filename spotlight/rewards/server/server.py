@@ -1,11 +1,11 @@
 """The reward service: a reward that needs a heavy model runs in its own process behind HTTP.
 
-`spotlight serve-reward` starts it; `spotlight.rewards.http_client.HTTPReward` is the trainer's side.
+`spotlight serve-reward` starts it; `spotlight.rewards.server.client.HTTPReward` is the trainer's side.
 Concurrent requests (several rollout workers) are merged into one call of the reward by a batcher
 thread — a heavy model's throughput comes from batches — and the results are split back. A failure
 of the reward marks the samples it affects (through `guarded_score`), and is answered, never dropped.
 
-Endpoints: POST /score (body: `spotlight.rewards.wire`), GET /health. Bound to 127.0.0.1 unless told
+Endpoints: POST /score (body: `spotlight.rewards.server.wire`), GET /health. Bound to 127.0.0.1 unless told
 otherwise: the service runs arbitrary images through a model and has no authentication.
 
 It must stay up under clients that misbehave, so connections live on one asyncio event loop (a stalled
@@ -14,7 +14,7 @@ connections (503 beyond), bytes of request bodies in flight (503), one body (413
 and the total time to read one request (408, then closed: a slowloris client cannot hold a slot). A
 malformed request gets a 4xx and the connection closes; images of the wrong size are answered as
 invalid samples with the reason, never scored. Asyncio streams (standard library) rather than a
-server package: the framing needed is small (`spotlight.rewards.http_io`) and adds no dependency.
+server package: the framing needed is small (`spotlight.rewards.server.http_io`) and adds no dependency.
 
 Fault injection (`FaultPlan`) makes a share of requests fail (HTTP 500) or answer late, so that the
 client's retries and timeouts can be tested against a real server.
@@ -36,8 +36,8 @@ from typing import Any
 import torch
 
 from spotlight.rewards.base import Reward, RewardError, RewardOutput, guarded_score
-from spotlight.rewards.http_io import HTTPProblem, content_length, encode_response, read_head
-from spotlight.rewards.wire import WireError, decode_metadata, decode_request, encode_output
+from spotlight.rewards.server.http_io import HTTPProblem, content_length, encode_response, read_head
+from spotlight.rewards.server.wire import WireError, decode_metadata, decode_request, encode_output
 
 MAX_BODY_BYTES = 64 * 1024 * 1024  # 64 MiB: ~200k shapes images (32x32 RGB) in one request
 # Connections the kernel completes before the loop accepts them. Beyond it Linux drops the SYN and the

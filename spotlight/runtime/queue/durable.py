@@ -1,6 +1,6 @@
 """The queue that survives the loss of its actor: every change logged before a call returns, replayed on restart.
 
-`DurableQueue` is `RequestQueue` with a write-ahead log (`spotlight.runtime.queue_log`) in the run
+`DurableQueue` is `RequestQueue` with a write-ahead log (`spotlight.runtime.queue.log`) in the run
 directory. Each public call that changes requests appends one record per changed request (its
 status, committed step, lease holder and the workers that ever held it; the latent on a commit, the
 result on a completion) and one record of the counters, then fsyncs once; only then does the call
@@ -34,8 +34,8 @@ from typing import Any, TypeVar
 import ray
 import torch
 
-from spotlight.runtime.queue import QueueError, QueueStats, RequestQueue, _Entry
-from spotlight.runtime.queue_log import (
+from spotlight.runtime.queue.request_queue import QueueError, QueueStats, RequestQueue, _Entry
+from spotlight.runtime.queue.log import (
     QueueLog,
     decode_request,
     decode_tensor,
@@ -172,7 +172,7 @@ def start_durable_queue_actor(log_path: str | Path, lease_timeout_s: float = 10.
                               resource: str | None = "on_demand") -> Any:
     """Start a `DurableQueue` actor logging to ``log_path`` that Ray restarts (replaying the log) when it dies.
 
-    Pinned to a node offering ``resource`` like `spotlight.runtime.queue_remote.start_queue_actor`; the log must
+    Pinned to a node offering ``resource`` like `spotlight.runtime.queue.remote.start_queue_actor`; the log must
     be on that node's disk (the on-demand node: the driver's, where the run directory is).
     """
     options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1, "max_restarts": -1, "max_task_retries": -1}

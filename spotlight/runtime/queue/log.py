@@ -1,7 +1,7 @@
 """The request queue's write-ahead log: one JSON line per change of a request, on disk before the queue answers.
 
 Why a log: the queue actor is the one process whose loss loses work (the partial latents workers
-committed, the results they finished). `spotlight.runtime.queue_durable` appends a record for every
+committed, the results they finished). `spotlight.runtime.queue.durable` appends a record for every
 request that a call changed and fsyncs once before the call returns, so whatever a worker or the
 driver was told has happened survives the actor; a restarted actor replays the file.
 
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from spotlight.diffusion.sampler import SamplingPlan
-from spotlight.runtime.queue import Request
+from spotlight.runtime.queue.request_queue import Request
 
 __all__ = ["QueueLog", "QueueLogError", "decode_request", "decode_tensor", "encode_request", "encode_tensor",
            "read_log"]

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import ray
 import torch
 
-from spotlight.runtime.queue import Lease, QueueError, RequestQueue
+from spotlight.runtime.queue.request_queue import Lease, QueueError, RequestQueue
 
 __all__ = ["QueueActor", "QueueClient", "RemoteQueue", "start_queue_actor"]
 

@@ -26,10 +26,10 @@ A commit from a worker that no longer holds the lease is stale and rejected, so 
 roll a request back.
 
 `RequestQueue` is a plain class with an injectable clock, so every rule above is unit-tested without
-Ray; `spotlight.runtime.queue_remote` runs it as one Ray actor pinned to the on-demand node, whose
+Ray; `spotlight.runtime.queue.remote` runs it as one Ray actor pinned to the on-demand node, whose
 calls Ray serialises (so the class needs no locks), and gives workers the same blocking interface over
 the actor handle that the plain class offers in-process. Every change of a request passes
-through `RequestQueue._note`, which `spotlight.runtime.queue_durable` writes to a write-ahead log so
+through `RequestQueue._note`, which `spotlight.runtime.queue.durable` writes to a write-ahead log so
 that a restarted queue actor rebuilds its state.
 """
 

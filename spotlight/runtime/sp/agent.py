@@ -5,11 +5,11 @@ A node agent outlives every SP group on its node. It
 - holds the current weights once, in shared memory (pinned as well when CUDA is present), and
   replaces them in place, so every device process that mapped them sees the new ones. The weights
   are the policy's broadcast state: every weight of a TinyDiT; only the LoRA matrices of a diffusers
-  policy, whose frozen base each device process rebuilds from the config (`spotlight.runtime.sp_policy`);
-- keeps one persistent process per device (`spotlight.runtime.device_processes`), plus optional warm
+  policy, whose frozen base each device process rebuilds from the config (`spotlight.runtime.sp.policy`);
+- keeps one persistent process per device (`spotlight.runtime.spot.device_processes`), plus optional warm
   spares: processes that have imported torch but hold no group, ready to stand in for a device
   process that crashed — the spare maps the shared weights instead of loading a checkpoint;
-- forms the SP groups the planner (`spotlight.runtime.reconfigure`) asks for. Each group's gloo
+- forms the SP groups the planner (`spotlight.runtime.sp.reconfigure`) asks for. Each group's gloo
   process group lives on the agent's own TCPStore under the group's name, which carries a fresh
   generation number, so a re-formed group never meets a dead formation's keys and the store never
   dies with a rank (re-initialising on a rank-0-owned ``tcp://`` port after a failure can hang for
@@ -38,11 +38,11 @@ import torch.distributed as dist
 
 from spotlight.diffusion.noise import initial_latents
 from spotlight.models.rebuild import ModelConfig, config_from_description, describe_config
-from spotlight.runtime.device_processes import AgentError, DeviceProcesses, GroupBroken
-from spotlight.runtime.queue import Request
-from spotlight.runtime.queue_remote import QueueClient, RemoteQueue
-from spotlight.runtime.reconfigure import SPGroup, device_id, node_of
-from spotlight.runtime.sp_policy import latent_shape_of
+from spotlight.runtime.spot.device_processes import AgentError, DeviceProcesses, GroupBroken
+from spotlight.runtime.queue.request_queue import Request
+from spotlight.runtime.queue.remote import QueueClient, RemoteQueue
+from spotlight.runtime.sp.reconfigure import SPGroup, device_id, node_of
+from spotlight.runtime.sp.policy import latent_shape_of
 from spotlight.tasks.registry import get_task
 
 __all__ = ["AgentError", "GroupBroken", "NodeAgent", "NodeAgentActor", "ServeReport"]

@@ -1,12 +1,12 @@
 """Elastic sequence parallelism on a Ray cluster: serve the queue with SP groups through preemptions.
 
 `ElasticSP` is the single controller: it keeps one `NodeAgentActor` per live spot node, asks the
-planner (`spotlight.runtime.reconfigure`) for groups whenever a node is noticed, leaves, joins or
+planner (`spotlight.runtime.sp.reconfigure`) for groups whenever a node is noticed, leaves, joins or
 loses a device, carries the plan out (stop and dissolve only the groups that broke, form the new
 ones) and keeps every group serving the `RequestQueue`. Every reconfiguration is appended to a
 JSONL log: when, why, the old and the new groups, and how long it took.
 
-Where nodes come from is a `NodeProvider`: `spotlight.runtime.local_spot_nodes.LocalSpotNodes` adds
+Where nodes come from is a `NodeProvider`: `spotlight.runtime.spot.local_nodes.LocalSpotNodes` adds
 and removes logical Ray nodes of a local ``ray.cluster_utils.Cluster`` as a spot trace says; on a
 real cluster the provider is the autoscaler and only ``start_agent`` is needed. `run_elastic_sp`
 drives a whole run from a `TraceReplay` and is what a training loop calls to have a batch of
@@ -25,10 +25,10 @@ from typing import Any, Protocol
 import ray
 
 from spotlight.models.rebuild import ModelConfig, describe_config
-from spotlight.runtime.agent import ServeReport
-from spotlight.runtime.preemption import TraceReplay
-from spotlight.runtime.reconfigure import PlanDiff, SPGroup, plan_groups
-from spotlight.runtime.sp_policy import attention_heads
+from spotlight.runtime.sp.agent import ServeReport
+from spotlight.runtime.spot.preemption import TraceReplay
+from spotlight.runtime.sp.reconfigure import PlanDiff, SPGroup, plan_groups
+from spotlight.runtime.sp.policy import attention_heads
 
 __all__ = ["ElasticSP", "ElasticSPReport", "ElasticSPSettings", "NodeProvider", "run_elastic_sp", "serve_until_drained"]
 

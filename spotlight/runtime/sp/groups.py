@@ -10,12 +10,12 @@ from typing import Any
 import ray
 
 from spotlight.run_error import RunError
-from spotlight.runtime.elastic_sp import ElasticSP, ElasticSPSettings
-from spotlight.runtime.local_spot_nodes import LocalSpotNodes
-from spotlight.runtime.pools import PoolError
+from spotlight.runtime.sp.elastic import ElasticSP, ElasticSPSettings
+from spotlight.runtime.spot.local_nodes import LocalSpotNodes
+from spotlight.runtime.spot.pools import PoolError
 from spotlight.runtime.section import RuntimeSection
-from spotlight.runtime.sp_policy import check_sp_policy
-from spotlight.runtime.worker import model_weights
+from spotlight.runtime.sp.policy import check_sp_policy
+from spotlight.runtime.spot.worker import model_weights
 
 __all__ = ["start_elastic_sp"]
 

@@ -28,15 +28,15 @@ import torch
 from torch.distributed import ProcessGroup
 
 from spotlight.diffusion.sampler import SamplingPlan, sample
-from spotlight.models.diffusers_adapter import DiffusersPolicy
-from spotlight.models.diffusers_config import TINY_CONFIGS, DiffusersPolicyConfig
-from spotlight.models.diffusers_inputs import channels_of
+from spotlight.models.pipelines.adapter import DiffusersPolicy
+from spotlight.models.pipelines.family_config import TINY_CONFIGS, DiffusersPolicyConfig
+from spotlight.models.pipelines.inputs import channels_of
 from spotlight.models.policy import Policy
 from spotlight.models.rebuild import ModelConfig, config_from_description
 from spotlight.models.tinydit import TinyDiT
-from spotlight.runtime.diffusers_sp import TOKEN_SHARDED_FAMILIES, sequence_parallel
-from spotlight.runtime.sp_denoise import model_on_weights, sequence_parallel_step
-from spotlight.runtime.ulysses import check_sp_degree
+from spotlight.runtime.sp.diffusers_denoise import TOKEN_SHARDED_FAMILIES, sequence_parallel
+from spotlight.runtime.sp.denoise import model_on_weights, sequence_parallel_step
+from spotlight.runtime.sp.ulysses import check_sp_degree
 
 __all__ = ["attention_heads", "check_sp_policy", "latent_shape_of", "policy_on_weights", "prepare_policy",
            "sp_denoise_step"]

@@ -1,12 +1,12 @@
 """The persistent device process of a node agent: imports torch once, outlives every SP group.
 
-The agent (`spotlight.runtime.agent`) spawns one such process per device and drives it over a pipe
+The agent (`spotlight.runtime.sp.agent`) spawns one such process per device and drives it over a pipe
 with small commands; a reply is ``("ok", value)`` or ``("error", one-line message)``:
 
     prepare(description)           build a diffusers base ahead of its weights (warm spares)
     attach(description, weights, copy)
                                    build the policy around the agent's shared-memory weights
-                                   (`spotlight.runtime.sp_policy`)
+                                   (`spotlight.runtime.sp.policy`)
     join(group, rank, world, host, port, timeout_s)
                                    join an SP group: a gloo process group on the agent's TCPStore
                                    under the prefix ``group`` (a new name per generation), so a
@@ -38,8 +38,8 @@ import torch.multiprocessing as mp
 from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.models.policy import Policy
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
-from spotlight.runtime.sp_denoise import model_on_weights, sequence_parallel_step
-from spotlight.runtime.sp_policy import PolicyCache, policy_on_weights, prepare_policy, sp_denoise_step
+from spotlight.runtime.sp.denoise import model_on_weights, sequence_parallel_step
+from spotlight.runtime.sp.policy import PolicyCache, policy_on_weights, prepare_policy, sp_denoise_step
 
 __all__ = ["device_process_main"]
 

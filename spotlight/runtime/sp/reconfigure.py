@@ -1,8 +1,8 @@
 """The reconfiguration planner: which sequence-parallel (SP) groups to run on the devices alive now.
 
 Pure functions of plain data (no Ray, no processes), so every rule is unit-tested directly; the
-per-node agents (`spotlight.runtime.agent`) carry the plan out and the elastic service
-(`spotlight.runtime.elastic_sp`) calls the planner whenever a node or a device comes or goes.
+per-node agents (`spotlight.runtime.sp.agent`) carry the plan out and the elastic service
+(`spotlight.runtime.sp.elastic`) calls the planner whenever a node or a device comes or goes.
 
 Rules, in order:
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from spotlight.runtime.ulysses import valid_sp_degrees
+from spotlight.runtime.sp.ulysses import valid_sp_degrees
 
 __all__ = [
     "PlanDiff",

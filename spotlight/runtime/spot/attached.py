@@ -1,6 +1,6 @@
 """The driver's follower of an attached cluster's spot nodes: notices, joins and losses (``--address auto``).
 
-`AttachedSpotNodes` starts a `spotlight.runtime.watchers.NodeWatcher` on every spot node, collects
+`AttachedSpotNodes` starts a `spotlight.runtime.spot.watchers.NodeWatcher` on every spot node, collects
 their notices every tick and hands them to `SpotPool.notify`: exactly the path of a trace notice (the
 devices finish their step, commit and take no more work); the node is forgotten at its deadline.
 
@@ -22,8 +22,8 @@ import ray
 from ray.exceptions import RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from spotlight.runtime.pools import CallResult, SpotPool, spot_nodes
-from spotlight.runtime.watchers import NodeWatcherActor, WatchSettings
+from spotlight.runtime.spot.pools import CallResult, SpotPool, spot_nodes
+from spotlight.runtime.spot.watchers import NodeWatcherActor, WatchSettings
 
 __all__ = ["AttachedSpotNodes"]
 

@@ -8,7 +8,7 @@ elastic SP groups. A controller thread ticks every 20 ms while the main thread c
 - membership: the trace's notices (the node's devices finish their step, commit, take no more
   work), removals at the deadlines, returns (a fresh node, device and the current weights); on an
   attached cluster the same from the watchers and Ray's node list;
-- an open exploration round (`spotlight.runtime.rounds.Round`): idle devices holding its weights
+- an open exploration round (`spotlight.runtime.queue.rounds.Round`): idle devices holding its weights
   (or the SP groups) serve the queue until it is drained;
 - finished calls: exploration calls feed the round, the rest wait in ``finished`` for the main thread.
 
@@ -35,18 +35,18 @@ from spotlight.market.prices import default_prices
 from spotlight.market.traces import Availability, resolve_trace
 from spotlight.modes import Mode
 from spotlight.run_error import RunError
-from spotlight.runtime.attached import AttachedSpotNodes
-from spotlight.runtime.elastic_sp import ElasticSP
-from spotlight.runtime.events import EventLog
-from spotlight.runtime.pools import CallResult, LocalCluster, PoolError, SpotPool, attach_cluster
-from spotlight.runtime.preemption import TraceReplay
-from spotlight.runtime.queue_durable import start_durable_queue_actor
-from spotlight.runtime.rounds import Round
+from spotlight.runtime.spot.attached import AttachedSpotNodes
+from spotlight.runtime.sp.elastic import ElasticSP
+from spotlight.runtime.spot.events import EventLog
+from spotlight.runtime.spot.pools import CallResult, LocalCluster, PoolError, SpotPool, attach_cluster
+from spotlight.runtime.spot.preemption import TraceReplay
+from spotlight.runtime.queue.durable import start_durable_queue_actor
+from spotlight.runtime.queue.rounds import Round
 from spotlight.runtime.section import RuntimeSection
-from spotlight.runtime.sp_groups import start_elastic_sp
-from spotlight.runtime.usage import run_totals
-from spotlight.runtime.watchers import WatchSettings
-from spotlight.runtime.worker import WorkerSettings
+from spotlight.runtime.sp.groups import start_elastic_sp
+from spotlight.runtime.spot.usage import run_totals
+from spotlight.runtime.spot.watchers import WatchSettings
+from spotlight.runtime.spot.worker import WorkerSettings
 
 __all__ = ["ON_DEMAND", "TICK_S", "SpotCluster"]
 

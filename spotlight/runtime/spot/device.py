@@ -26,11 +26,11 @@ import ray
 import torch
 
 from spotlight.diffusion.sampler import SamplingPlan
-from spotlight.generation import generate
+from spotlight.models.generation import generate
 from spotlight.models.rebuild import ModelConfig
 from spotlight.runtime.cores import pin_process
-from spotlight.runtime.queue_remote import RemoteQueue
-from spotlight.runtime.worker import WorkerReport, WorkerSettings, model_from_weights, worker_loop
+from spotlight.runtime.queue.remote import RemoteQueue
+from spotlight.runtime.spot.worker import WorkerReport, WorkerSettings, model_from_weights, worker_loop
 
 __all__ = ["ComputeClock", "DeviceCall", "SpotDevice", "weights_digest"]
 

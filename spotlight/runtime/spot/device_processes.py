@@ -1,10 +1,10 @@
 """A node's persistent device processes and the pipe protocol the agent drives them with.
 
-Each process (`spotlight.runtime.sp_process`) is a device in service or a warm spare. A command goes
+Each process (`spotlight.runtime.sp.process`) is a device in service or a warm spare. A command goes
 to several processes at once and every reply is collected before the next, so an SP group's members
 enter their collectives together; a process that dies, or hangs past the collective timeout, is
 marked lost and the command fails with `GroupBroken` (for a group's command) or `AgentError`.
-Kept apart from the agent (`spotlight.runtime.agent`), which decides what to send: weights, groups
+Kept apart from the agent (`spotlight.runtime.sp.agent`), which decides what to send: weights, groups
 and requests.
 """
 
@@ -20,8 +20,8 @@ from typing import Any
 
 import torch.multiprocessing as mp
 
-from spotlight.runtime.reconfigure import device_id
-from spotlight.runtime.sp_process import device_process_main
+from spotlight.runtime.sp.reconfigure import device_id
+from spotlight.runtime.sp.process import device_process_main
 
 __all__ = ["AgentError", "DeviceProcess", "DeviceProcesses", "GroupBroken"]
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from spotlight.runtime.agent import NodeAgentActor
-from spotlight.runtime.elastic_sp import ElasticSPSettings
-from spotlight.runtime.ray_nodes import patient_start
+from spotlight.runtime.sp.agent import NodeAgentActor
+from spotlight.runtime.sp.elastic import ElasticSPSettings
+from spotlight.runtime.spot.ray_nodes import patient_start
 
 __all__ = ["LocalSpotNodes"]
 

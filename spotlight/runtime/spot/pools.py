@@ -32,10 +32,10 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from spotlight.market.billing import DeviceLedger
 from spotlight.runtime.cores import spawning_on
-from spotlight.runtime.device import DeviceCall, SpotDevice
-from spotlight.runtime.events import EventLog
-from spotlight.runtime.ray_nodes import NodeStartError, start_node
-from spotlight.runtime.worker import WorkerSettings
+from spotlight.runtime.spot.device import DeviceCall, SpotDevice
+from spotlight.runtime.spot.events import EventLog
+from spotlight.runtime.spot.ray_nodes import NodeStartError, start_node
+from spotlight.runtime.spot.worker import WorkerSettings
 
 __all__ = ["CallResult", "LocalCluster", "PoolError", "SpotPool", "attach_cluster", "spot_nodes"]
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from spotlight.market.billing import DeviceLedger
-from spotlight.runtime.events import EventLog
+from spotlight.runtime.spot.events import EventLog
 
 __all__ = ["IterationMarks", "iteration_usage", "run_totals"]
 

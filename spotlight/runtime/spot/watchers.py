@@ -3,9 +3,9 @@
 A spot VM learns that it is about to be reclaimed from its own metadata service, which only the VM can
 reach (169.254.169.254 and metadata.google.internal are link-local). So every spot node runs a
 `NodeWatcher` actor, pinned to it, that polls the service with the poller of
-`spotlight.runtime.preemption` that fits the cloud it runs on (``runtime.cloud``, or detected from
+`spotlight.runtime.spot.preemption` that fits the cloud it runs on (``runtime.cloud``, or detected from
 the machine's DMI vendor), and keeps what it hears until the driver takes it
-(`spotlight.runtime.attached`). The module imports neither torch nor the pools, so a watcher costs
+(`spotlight.runtime.spot.attached`). The module imports neither torch nor the pools, so a watcher costs
 its node one small process.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 import ray
 
-from spotlight.runtime.preemption import (
+from spotlight.runtime.spot.preemption import (
     AWS_METADATA_URL,
     AZURE_METADATA_URL,
     GCP_METADATA_URL,
