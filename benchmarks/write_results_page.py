@@ -4,8 +4,8 @@ Every number a reader sees on that page comes out of a JSON that a benchmark wro
 commit and the machine it was measured on, so no number can go stale by hand:
 tests/test_results_page.py regenerates the page in memory and fails when the file differs.
 
-    python benchmarks/write_results_page.py            # rewrite docs/results.md
-    python benchmarks/write_results_page.py --check    # exit 1 when docs/results.md is stale
+    python benchmarks/write_results_page.py            # rewrite docs/results.md and README.md's headline table
+    python benchmarks/write_results_page.py --check    # exit 1 when either is stale
 
 Only the standard library is used (a clean clone runs it before `scripts/setup.sh`). A JSON whose
 benchmark has no summary in results_sections.py still gets its provenance and its top-level numbers;
@@ -21,11 +21,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from results_sections import SECTIONS, Table, fmt, generic_table, short_commit  # noqa: E402
+from results_sections import SECTIONS, Table, fmt, generic_table, headline, short_commit  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 PAGE = REPO / "docs" / "results.md"
+README = REPO / "README.md"
+# The README's headline table lies between these two lines and is written by this script too.
+BEGIN, END = "<!-- headline results: written by benchmarks/write_results_page.py -->", "<!-- end of headline results -->"
 
 HEADER = """# Measured results
 
@@ -127,19 +130,40 @@ def write_page(results: Path = RESULTS) -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
+def headline_block(results: Path = RESULTS) -> str:
+    """The README's headline table (with its two marker lines), from the JSONs under ``results``."""
+    def load(stem: str) -> dict | None:
+        path = results / f"{stem}.json"
+        return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+    return "\n".join([BEGIN, *render_table(headline(load)), END])
+
+
+def with_headline(readme: str, results: Path = RESULTS) -> str:
+    """``readme`` with the text between the markers replaced by the current headline table."""
+    if BEGIN not in readme or END not in readme:
+        raise ValueError(f"README.md has no headline markers: put the lines {BEGIN!r} and {END!r} where the table goes")
+    before, rest = readme.split(BEGIN, 1)
+    return before + headline_block(results) + rest.split(END, 1)[1]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if docs/results.md differs; write nothing")
     parser.add_argument("--out", type=Path, default=PAGE, help="the page to write (default docs/results.md)")
     args = parser.parse_args()
     text = write_page()
+    readme = README.read_text(encoding="utf-8")
     if args.check:
         current = args.out.read_text(encoding="utf-8") if args.out.exists() else ""
-        if current != text:
-            print(f"error: {args.out} is stale; run `python benchmarks/write_results_page.py`", file=sys.stderr)
+        stale = [str(path) for path, now, wanted in ((args.out, current, text), (README, readme, with_headline(readme)))
+                 if now != wanted]
+        if stale:
+            print(f"error: {', '.join(stale)} stale; run `python benchmarks/write_results_page.py`", file=sys.stderr)
             return 1
         return 0
     args.out.write_text(text, encoding="utf-8")
+    README.write_text(with_headline(readme), encoding="utf-8")
     print(f"wrote {args.out} ({len(text.splitlines())} lines, {fmt(len(list(RESULTS.glob('*.json'))), 0)} JSONs)")
     return 0
 

@@ -14,12 +14,29 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from write_results_page import PAGE, RESULTS, write_page  # noqa: E402
+from write_results_page import PAGE, README, RESULTS, with_headline, write_page  # noqa: E402
 
 
 def test_results_page_matches_what_the_script_writes() -> None:
     assert PAGE.read_text(encoding="utf-8") == write_page(), (
         "docs/results.md is stale: run `python benchmarks/write_results_page.py` and commit the page")
+
+
+def test_readme_headline_table_matches_what_the_script_writes() -> None:
+    readme = README.read_text(encoding="utf-8")
+    assert readme == with_headline(readme), (
+        "README.md's headline table is stale: run `python benchmarks/write_results_page.py` and commit README.md")
+
+
+def test_readme_is_short_and_opens_with_the_commands_ci_runs() -> None:
+    """Five minutes top to bottom; its first two code blocks are .ci/run's set-up and test commands, exactly."""
+    readme = README.read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 200
+    blocks = readme.split("```bash\n")[1:3]
+    assert [block.split("\n```")[0] for block in blocks] == [
+        "bash scripts/setup.sh && .venv/bin/spotlight train", ".venv/bin/python -m pytest -q"]
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    assert "bash scripts/setup.sh\n.venv/bin/python -m pytest -q" in ci
 
 
 def test_every_result_json_has_a_section_naming_commit_machine_and_command() -> None:

@@ -337,7 +337,7 @@ class SpotCluster:
         A device whose node just joined is held (and billed) from then, but its process takes seconds to
         start (importing torch, building the model): counted by the planner, the first round and the round
         after each return of a node were sized for a device that was not there yet and overran the
-        exploration wait (README, the headline's causes). It still pulls work once it is up.
+        exploration wait (docs/results-notes.md, the headline's causes). It still pulls work once it is up.
         """
         if self.elastic is None:
             return len(self.pool.devices()) - len(self.pool.devices(state="starting"))
