@@ -23,7 +23,8 @@ import torch
 
 from spotlight.models.pipelines.family_config import Family
 
-__all__ = ["FAMILIES", "build_tiny_pipeline", "save_tiny_pipeline"]
+__all__ = ["FAMILIES", "build_tiny_pipeline", "character_tokenizer", "clip_text_encoder", "qwen_vl_text_encoder",
+           "save_tiny_pipeline", "t5_encoder"]
 
 FAMILIES: tuple[Family, ...] = ("sd3", "flux", "qwen-image")
 CLIP_MAX_LENGTH = 77  # CLIP's position table; the SD3 / FLUX pipelines pad CLIP prompts to the tokenizer's max
@@ -57,19 +58,26 @@ def _vocab_size() -> int:
     return len(set(_SPECIALS) | set(string.printable))
 
 
-def _clip(hidden: int, projection: int | None) -> Any:
+def clip_text_encoder(hidden: int, projection: int | None, layers: int = 2) -> Any:
+    """A random CLIP text encoder over the character vocabulary: ``hidden`` wide, ``layers`` deep, two heads.
+
+    ``projection`` None: a plain ``CLIPTextModel`` (FLUX reads its pooled output); else one with a text
+    projection of that width (SD3 concatenates two). The width is what a pipeline's embeddings take their
+    shape from, so a benchmark keeps a published width at 1-2 layers.
+    """
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
     config = CLIPTextConfig(vocab_size=_vocab_size(), hidden_size=hidden, intermediate_size=2 * hidden,
-                            num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=CLIP_MAX_LENGTH,
+                            num_hidden_layers=layers, num_attention_heads=2, max_position_embeddings=CLIP_MAX_LENGTH,
                             projection_dim=projection or hidden, pad_token_id=0, bos_token_id=2, eos_token_id=3)
     return CLIPTextModelWithProjection(config) if projection is not None else CLIPTextModel(config)
 
 
-def _t5(width: int) -> Any:
+def t5_encoder(width: int, layers: int = 2) -> Any:
+    """A random T5 encoder over the character vocabulary: ``width`` wide (the embeddings' width), ``layers`` deep."""
     from transformers import T5Config, T5EncoderModel
 
-    config = T5Config(vocab_size=_vocab_size(), d_model=width, d_kv=8, d_ff=2 * width, num_layers=2, num_heads=2,
+    config = T5Config(vocab_size=_vocab_size(), d_model=width, d_kv=8, d_ff=2 * width, num_layers=layers, num_heads=2,
                       relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=3, decoder_start_token_id=0)
     return T5EncoderModel(config)
 
@@ -92,7 +100,8 @@ def _sd3() -> dict[str, Any]:
         pos_embed_max_size=32, qk_norm="rms_norm", dual_attention_layers=(0,))
     return dict(
         transformer=transformer, vae=_autoencoder_kl(4, 1.5305, 0.0609),
-        text_encoder=_clip(8, 16), text_encoder_2=_clip(8, 16), text_encoder_3=_t5(32),
+        text_encoder=clip_text_encoder(8, 16), text_encoder_2=clip_text_encoder(8, 16),
+        text_encoder_3=t5_encoder(32),
         tokenizer=character_tokenizer(CLIP_MAX_LENGTH, True), tokenizer_2=character_tokenizer(CLIP_MAX_LENGTH, True),
         tokenizer_3=character_tokenizer(256, False),
         scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0))
@@ -108,24 +117,38 @@ def _flux() -> dict[str, Any]:
                                                 base_image_seq_len=16, max_image_seq_len=256)
     return dict(
         transformer=transformer, vae=_autoencoder_kl(4, 0.3611, 0.1159),
-        text_encoder=_clip(16, None), text_encoder_2=_t5(32),
+        text_encoder=clip_text_encoder(16, None), text_encoder_2=t5_encoder(32),
         tokenizer=character_tokenizer(CLIP_MAX_LENGTH, True), tokenizer_2=character_tokenizer(512, False),
         scheduler=scheduler)
 
 
-def _qwen_image() -> dict[str, Any]:
-    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
+def qwen_vl_text_encoder(width: int, heads: int = 2, kv_heads: int = 2, intermediate: int = 64,
+                         mrope_section: tuple[int, ...] | list[int] = (2, 3, 3), layers: int = 2) -> Any:
+    """A random Qwen2.5-VL over the character vocabulary: its language model ``width`` wide with ``heads``
+    (``kv_heads`` key-value) heads and ``layers`` layers, and a one-block vision tower the prompts never use.
+
+    ``mrope_section`` must sum to half the head width (``width / heads / 2``), as Qwen2.5-VL's rotary
+    sections do.
+    """
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    text_width = 32
     config = Qwen2_5_VLConfig(
-        text_config=dict(vocab_size=_vocab_size(), hidden_size=text_width, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1024,
-                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+        text_config=dict(vocab_size=_vocab_size(), hidden_size=width, intermediate_size=intermediate,
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                         max_position_embeddings=1024,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                          "mrope_section": list(mrope_section)},
                          pad_token_id=0, bos_token_id=2, eos_token_id=3),
-        vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=text_width,
+        vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=width,
                            patch_size=2, spatial_merge_size=1, temporal_patch_size=1, fullatt_block_indexes=[0]),
         pad_token_id=0, bos_token_id=2, eos_token_id=3)
+    return Qwen2_5_VLForConditionalGeneration(config)
+
+
+def _qwen_image() -> dict[str, Any]:
+    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
+
+    text_width = 32
     z_dim = 4
     generator = torch.Generator().manual_seed(0)
     latents_mean = (torch.randn(z_dim, generator=generator) * 0.5).tolist()
@@ -138,7 +161,7 @@ def _qwen_image() -> dict[str, Any]:
     scheduler = FlowMatchEulerDiscreteScheduler(shift=1.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=0.9,
                                                 base_image_seq_len=16, max_image_seq_len=256,
                                                 time_shift_type="exponential")
-    return dict(transformer=transformer, vae=vae, text_encoder=Qwen2_5_VLForConditionalGeneration(config),
+    return dict(transformer=transformer, vae=vae, text_encoder=qwen_vl_text_encoder(text_width),
                 tokenizer=character_tokenizer(2048, False), scheduler=scheduler)
 
 
