@@ -53,8 +53,7 @@ from spotlight.explore.fidelity import preview_fidelity
 from spotlight.explore.planner import ExplorationPlanner, PlannerSection
 from spotlight.explore.staleness import StalenessMonitor
 from spotlight.models.loop_model import LoopModel
-from spotlight.models.shadow import frozen_base, frozen_copy
-from spotlight.loop.pretrain import ema_decay_at, update_ema
+from spotlight.loop.policy_versions import PolicyVersions
 from spotlight.ranks.group import TrainerRanks
 from spotlight.report.grid import save_grid
 from spotlight.rewards.base import Reward
@@ -69,7 +68,7 @@ from spotlight.components.checkpoint import (
 from spotlight.components.guard import GuardVerdict, RunGuard
 from spotlight.rl.kl_control import AdaptiveTrust
 from spotlight.components.manifest import write_text_durably
-from spotlight.rl.rollout_update import build_optimizer, rollout_update, uses_reference
+from spotlight.rl.rollout_update import build_optimizer, rollout_update
 from spotlight.loop.rollout import Rollout, rollout_plan, score_rollout
 from spotlight.components.run_dir import RunDirLock, check_resume_config, read_metrics, write_failed
 from spotlight.run_error import RunError
@@ -83,18 +82,6 @@ __all__ = ["RunError", "RunSummary", "Trainer", "build_optimizer", "planner_conf
 GRID_SEEDS = 4  # columns of the validation sample grid: the first seeds of each shown prompt
 
 logger = logging.getLogger(__name__)
-
-
-def old_policy_decay_at(iteration: int, section: TrainSection) -> float:
-    """The soft update's decay after iteration ``iteration``: ramped from 0 to ``old_policy_decay``.
-
-    A trailing θ_old slows the first iterations (the earlier measurement: 0.27 against 0.34 strict
-    accuracy at iteration 25 with a fixed 0.5), when there is no walk yet to hold back; the ramp keeps
-    that early speed and reaches the full decay before the walk compounds.
-    """
-    if section.old_policy_warmup == 0:
-        return section.old_policy_decay
-    return section.old_policy_decay * min(1.0, (iteration + 1) / section.old_policy_warmup)
 
 
 def planner_config(config: TrainConfig) -> PlannerSection | None:
@@ -183,18 +170,13 @@ class Trainer:
                 self.train_prompts = self.dataset.train_of_kinds(config.data.train_kinds)
             except ValueError as error:
                 raise RunError(str(error)) from None
-        self.model = build_policy(config)
-        if task_of(self.model) is not task:
-            raise RunError(f"base_checkpoint {config.base_checkpoint} is a {task_of(self.model).name!r} model, "
-                           f"but task is {config.task!r}: set task to {task_of(self.model).name!r} or pick "
+        model = build_policy(config)
+        if task_of(model) is not task:
+            raise RunError(f"base_checkpoint {config.base_checkpoint} is a {task_of(model).name!r} model, "
+                           f"but task is {config.task!r}: set task to {task_of(model).name!r} or pick "
                            f"a {config.task!r} model")
-        section = config.train
-        # frozen versions: deep copies of a TinyDiT; of a LoRA policy, LoRA tensors over the one shared base
-        self.reference = frozen_base(self.model) if uses_reference(section) else None
-        self.ema = frozen_copy(self.model) if section.ema_decay else None
-        # θ_old: what samples, explores and anchors the update; θ itself unless it trails θ (soft update)
-        self.sampler = frozen_copy(self.model) if section.old_policy_decay else self.model
-        self.previous = frozen_copy(self.model)  # θ_old of i-1 for stale exploration
+        # θ and its sampling, previous, reference and EMA versions (shared base, LoRA deltas)
+        self.versions = PolicyVersions.of(model, config.train)
         self.optimizer = build_optimizer(self.model, config.train)
         self.grouped = GroupedUpdate(self.model, self.reference, self.optimizer, config.train, config.seed,
                                      config.disagg.tsp, VersionGate(config.disagg.async_one_step))
@@ -221,14 +203,9 @@ class Trainer:
         checkpoint = latest_checkpoint(self.run_dir)
         if checkpoint is None:
             raise RunError(f"--resume: {self.run_dir} has no checkpoint yet; run without --resume to start it")
-        self.model.load_broadcast_state(load_model_state(checkpoint))
         state = load_training_state(checkpoint)
+        self.versions.load(load_model_state(checkpoint), state.ema, state.extra)
         self.optimizer.load_state_dict(state.optimizer)
-        if self.ema is not None and state.ema is not None:
-            self.ema.load_broadcast_state(state.ema)
-        self.previous.load_broadcast_state(state.extra["previous"])
-        if self.sampler is not self.model:
-            self.sampler.load_broadcast_state(state.extra["sampler"])
         self.monitor.load_state_dict(state.extra["monitor"])
         if "guard" in state.extra:
             self.guard.load_state_dict(state.extra["guard"])
@@ -247,9 +224,30 @@ class Trainer:
         self.best_accuracy = max(map(validation_score, validated(self.history)), default=float("-inf"))
         write_text_durably(metrics_path, "".join(json.dumps(record) + "\n" for record in self.history))
 
+    # the versions by name, read by the backends' view and by tests; PolicyVersions owns them
+    @property
+    def model(self) -> LoopModel:
+        return self.versions.model
+
+    @property
+    def sampler(self) -> LoopModel:
+        return self.versions.sampler
+
+    @property
+    def previous(self) -> LoopModel:
+        return self.versions.previous
+
+    @property
+    def reference(self) -> Any:
+        return self.versions.reference
+
+    @property
+    def ema(self) -> LoopModel | None:
+        return self.versions.ema
+
     @property
     def eval_model(self) -> LoopModel:
-        return self.ema if self.ema is not None else self.model
+        return self.versions.evaluated
 
     def validate(self, iteration: int) -> dict[str, float]:
         """Strict validation accuracy (ODE, fixed seeds) of the EMA and the raw weights; a sample grid.
@@ -350,8 +348,7 @@ class Trainer:
         best = max(validated(self.history), key=validation_score)
         where = f"the best model ({describe_score(best)} at iteration {best['iteration']}) is {best_dir}"
         state = load_model_state(best_dir)
-        for policy in {id(p): p for p in (self.model, self.sampler, self.previous, self.ema) if p is not None}.values():
-            policy.load_broadcast_state(state)
+        self.versions.reset_to(state)
         if verdict.action == "stop":
             self.stopped = (f"guard: stopped at iteration {verdict.iteration}: {verdict.reason}; {where}, "
                             "and the final model")
@@ -414,7 +411,7 @@ class Trainer:
         section = self.config.train
         if self.trust.beta != section.nft_kl_beta:  # the adapted weight of the trust term
             section = section.model_copy(update={"nft_kl_beta": self.trust.beta})
-        self.previous.load_broadcast_state(self.sampler.broadcast_state())
+        self.versions.hand_over()  # the sampling policy that drew this rollout is θ_old,i
         generator = iteration_generator(self.config.seed, iteration, Stream.UPDATE)
         if isinstance(scored, GroupStream):  # groups trained as they arrive; one optimizer step
             update = self.grouped.update(iteration, scored, scored.num_groups, rollout_plan(self.config), generator)
@@ -437,18 +434,14 @@ class Trainer:
 
     def update_ema(self, iteration: int) -> None:
         """Move the EMA (what validation samples) and a trailing sampling policy θ_old towards θ_{i+1}."""
-        if self.ema is not None:
-            update_ema(self.ema, self.model, ema_decay_at(iteration, self.config.train.ema_decay))
-        if self.sampler is not self.model:
-            update_ema(self.sampler, self.model, old_policy_decay_at(iteration, self.config.train))
+        self.versions.after_update(iteration, self.config.train)
 
     def checkpoint(self, done: int) -> None:
         """Write the checkpoint after ``done`` iterations: weights, optimizer, EMA and the loop's state."""
         try:
             save_training_checkpoint(self.run_dir, done, self.model, self.optimizer, self.ema, {
-                "previous": self.previous.broadcast_state(), "monitor": self.monitor.state_dict(),
+                **self.versions.extra_state(), "monitor": self.monitor.state_dict(),
                 "guard": self.guard.state_dict(), "trust": self.trust.state_dict(),
-                **({} if self.sampler is self.model else {"sampler": self.sampler.broadcast_state()}),
                 "planner": None if self.planner is None else self.planner.state_dict(), "budget_s": self.budget_s,
                 "backend": self.backend.state_dict()})
         except OSError as error:  # disk full, read-only: one line; the checkpoint before this one stays
