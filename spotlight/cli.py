@@ -154,8 +154,10 @@ def train(
     if isinstance(ctx.obj, CommandState):
         ctx.obj.run_log = run_log
     with ExitStack() as stack:
-        # On Ray, descriptors 1 and 2 go to the log (Ray's node-death dumps); progress goes to the terminal.
-        terminal = stack.enter_context(output_to_log(run_log)) if cfg.uses_ray else sys.stderr
+        # Descriptors 1 and 2 go to the log in every mode: Ray's node-death dumps, and the warnings and progress
+        # bars that transformers, diffusers and tokenizers print while a pipeline folder loads; progress and
+        # Spotlight's own warnings go to the terminal.
+        terminal = stack.enter_context(output_to_log(run_log))
         state = ProgressState(label=str(cfg.mode), total=cfg.iterations, max_wall_s=cfg.runtime.max_wall_s)
         line = _train_progress(terminal, state)
         # Spotlight's warnings print above the progress line, through the console that draws it.
@@ -373,6 +375,7 @@ def serve_reward(
 
 @app.command("make-tiny-pipeline")
 def make_tiny_pipeline(
+    ctx: typer.Context,
     family: Annotated[str, typer.Argument(help=f"{FAMILY_HELP}.")],
     folder: Annotated[Path, typer.Argument(help="Where to save it (created; must be empty or absent).")],
     seed: Annotated[int, typer.Option(help="Every random weight is drawn from this seed.")] = 0,
@@ -384,7 +387,13 @@ def make_tiny_pipeline(
         _fail(ValueError(f"unknown family {family!r}: use one of {', '.join(FAMILIES)}"))
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         _fail(ValueError(f"{folder} exists and is not an empty folder: pass a new folder"))
-    save_tiny_pipeline(family, folder, seed)  # type: ignore[arg-type]
+    # What transformers and diffusers print while the pipeline is built and saved (processor notices,
+    # "Writing model shards" bars) goes to a log in the temporary folder, which an error names.
+    log = errors.crash_log_path(None)
+    if isinstance(ctx.obj, CommandState):
+        ctx.obj.run_log = log
+    with output_to_log(log), log_to(log):
+        save_tiny_pipeline(family, folder, seed)  # type: ignore[arg-type]
     console.print(f"wrote a tiny {family} pipeline to {folder} (spotlight train -s model.pretrained={folder})")
 
 

@@ -3,7 +3,9 @@
 Ray writes to the process's stdout and stderr from places Python's ``logging`` does not reach: its
 C++ threads, the error listener that prints every node's death (a 20-line "Raylet is terminated"
 dump each time the runtime removes a spot node on purpose), and the node processes it starts, which
-inherit the driver's file descriptors. `output_to_log` points descriptors 1 and 2 at the run's log
+inherit the driver's file descriptors; so do the model libraries (transformers', diffusers' and
+tokenizers' notices and progress bars print to stderr while a pipeline folder loads or saves).
+`output_to_log` points descriptors 1 and 2 at the run's log
 for the length of a run and hands back a stream on the original terminal for the command's own
 progress and warnings; `log_to` sends Python's logging to the same file, with the ``spotlight``
 package's warnings also shown on the terminal, one line each.
