@@ -1,10 +1,12 @@
 """Seconds per phase of a run, measured around the entry points it already calls, and the device's memory.
 
 `PhaseClock.wrap` returns a function that runs the original and adds its wall time to
-``seconds[phase]``. On CUDA it synchronises the device before and after, so queued kernels are charged
-to the phase that launched them; those are phase boundaries, where the loop waits anyway, not points
-inside a denoising loop. It also tags the transformer calls made inside with the phase
-(`forward_meter.ForwardMeter.counted`).
+``seconds[phase]``. Phases may nest (a decode inside the sampling call, should a backend decode as it
+samples): a phase's seconds are its own, without the nested phases' (which are charged to those), so
+the phases add up to the time they cover. On CUDA it synchronises the device before and after, so
+queued kernels are charged to the phase that launched them; those are phase boundaries, where the loop
+waits anyway, not points inside a denoising loop. It also tags the transformer calls made inside with
+the phase (`forward_meter.ForwardMeter.counted`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class PhaseClock:
         self.device = device
         self.meter = meter
         self.seconds: Counter[str] = Counter()
+        self._nested: list[float] = []  # per open phase: seconds of the phases nested in it so far
 
     def sync(self) -> None:
         """Wait for the device's queued work (nothing to wait for on a CPU)."""
@@ -41,6 +44,7 @@ class PhaseClock:
         def timed(*args: Any, **kwargs: Any) -> Any:
             self.sync()
             started = time.perf_counter()
+            self._nested.append(0.0)
             try:
                 if self.meter is None:
                     return function(*args, **kwargs)
@@ -48,7 +52,10 @@ class PhaseClock:
                     return function(*args, **kwargs)
             finally:
                 self.sync()
-                self.seconds[phase] += time.perf_counter() - started
+                elapsed = time.perf_counter() - started
+                self.seconds[phase] += elapsed - self._nested.pop()
+                if self._nested:
+                    self._nested[-1] += elapsed
 
         return timed
 
