@@ -145,6 +145,11 @@ class WorkloadSection(Section):
     train_pass_factor: float = Field(3.0, gt=0)
     kl_reference: bool = True
     optimizer_steps: int = Field(1, ge=1)
+    # counted from a pipeline folder (spotlight.sim.folder_workload); None: the formulas above
+    flops_per_forward: float | None = Field(None, gt=0)  # one conditional forward of one sample
+    train_flops_per_sample: float | None = Field(None, gt=0)  # the whole update's FLOPs per rollout sample
+    train_mfu: float | None = Field(None, gt=0, le=1)  # the update's utilisation (None: mfu)
+    gradient_bytes_per_param: float | None = Field(None, gt=0)  # all-reduced gradients (None: bytes_per_param)
     measured: MeasuredTimes | None = None
 
 
@@ -163,7 +168,12 @@ def tokens(config: WorkloadSection) -> int:
 
 
 def forward_flops(config: WorkloadSection) -> float:
-    """Return the FLOPs of one forward of one sample: 24·L·d²·n (projections, MLP) + 4·L·n²·d (attention)."""
+    """Return the FLOPs of one forward of one sample: 24·L·d²·n (projections, MLP) + 4·L·n²·d (attention).
+
+    A counted `flops_per_forward` (a pipeline folder's, `spotlight.sim.folder_workload`) replaces the formula.
+    """
+    if config.flops_per_forward is not None:
+        return config.flops_per_forward
     n, d, layers = tokens(config), config.hidden_size, config.num_layers
     return 24.0 * layers * d * d * n + 4.0 * layers * n * n * d
 
@@ -213,7 +223,7 @@ class DeviceTimes:
         if self.measured_train_s is not None:
             return self.measured_train_s
         compute = num_samples * self.train_sample_device_s / num_devices
-        gradient_bytes = config.trainable_params * config.bytes_per_param
+        gradient_bytes = config.trainable_params * (config.gradient_bytes_per_param or config.bytes_per_param)
         all_reduce = 2.0 * (num_devices - 1) / num_devices * gradient_bytes / config.network_bandwidth
         return compute + config.optimizer_steps * all_reduce
 
@@ -243,11 +253,14 @@ def device_times(config: WorkloadSection, gpus_per_machine: int = 8) -> DeviceTi
     step_s = max(compute_s, weight_read_s) + comm_s
     single_device_compute_s = forwards * flops / (config.mfu * config.peak_flops)
 
-    trained_steps = config.train_timestep_fraction * config.rollout_steps
-    passes = config.train_pass_factor + (1.0 if config.kl_reference else 0.0)
-    train_sample_device_s = (
-        trained_steps * passes * config.guidance_forwards * flops / (config.mfu * config.peak_flops)
-    )
+    train_mfu = config.train_mfu or config.mfu
+    if config.train_flops_per_sample is not None:
+        train_sample_device_s = config.train_flops_per_sample / (train_mfu * config.peak_flops)
+    else:
+        trained_steps = config.train_timestep_fraction * config.rollout_steps
+        passes = config.train_pass_factor + (1.0 if config.kl_reference else 0.0)
+        train_flops = trained_steps * passes * config.guidance_forwards * flops
+        train_sample_device_s = train_flops / (train_mfu * config.peak_flops)
     return DeviceTimes(
         step_s=step_s,
         sample_step_device_s=step_s * sp / config.batch_size,
