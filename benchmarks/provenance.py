@@ -27,11 +27,25 @@ def git_commit() -> str:
     return head + ("+dirty" if dirty else "")
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo; platform's processor string where there is none): timings
+    from two machines with the same core count are not comparable without it."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def machine() -> dict[str, object]:
-    """Platform, core count and library versions."""
+    """Platform, CPU model, core counts (all, and this process's) and library versions."""
     return {
         "platform": platform.platform(),
+        "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
+        "cores_allowed": len(os.sched_getaffinity(0)),
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "numpy": np.__version__,

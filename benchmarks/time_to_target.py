@@ -5,9 +5,14 @@ thread each; `spotlight/runtime/cores.py`):
 
     vanilla        1 device: random seeds
     sync-explore   1 device: seed exploration with the current weights on the critical path
-    spot-rollout   1 on-demand + 1 spot device (Ray, the spot trace): the spot device helps the rollout
-    spotlight      1 on-demand + 1 spot device (Ray, the spot trace): stale exploration on the spot
-                   device while the trainer trains, and rollout help
+    spot-rollout   1 on-demand + N spot devices (Ray, the spot trace): the spot devices help the rollout
+    spotlight      1 on-demand + N spot devices (Ray, the spot trace): stale exploration on the spot
+                   devices while the trainer trains, and rollout help
+
+N is ``--spot-devices`` (1: the 2-core table). A spot mode's run takes 1 + N + C cores
+(`core_plan.py`): the trainer's alone, one per spot device, and C (``--control-cores``; default every
+core the runs leave) for Ray's control plane, on which no device runs; C = 0 puts Ray on the spot
+devices' cores, as on a 2-core machine. 1 + N + C beyond ``--cores`` is refused.
 
 The target is fixed before any run: the shipped base model's validation strict accuracy (measured
 here with the same validation settings) plus ``--gain``. A run stops at the first validation that
@@ -18,13 +23,16 @@ device held), so both sides are billed for the same seconds.
 
     .venv/bin/python benchmarks/time_to_target.py --seeds 0 1 2 3 4
     .venv/bin/python benchmarks/time_to_target.py --reward strict --seeds 0 1 2   # binary strict reward
+    python benchmarks/time_to_target.py --modes vanilla spotlight --spot-devices 8 --pair \
+        --out benchmarks/results/time_to_target_1x8.json      # 16 cores: benchmarks/run_1x8.sh
 
 Runs go one at a time on an otherwise idle machine (``--pair`` runs two one-device runs side by side,
 faster and less honest: they share memory bandwidth and caches). Each run records the load average
-at its start and end. Prints the table and its decomposition (`benchmarks/decomposition.py`:
-iterations × seconds per iteration, per phase, ratios to vanilla, the free-exploration ceiling and
-what one spot core buys), writes JSON (commit, machine, every run's curve) and a PNG of the curves
-to benchmarks/results/.
+at its start and end, the machine (CPU model, cores) and the commit. Prints the table and its
+decomposition (`benchmarks/decomposition.py`: iterations × seconds per iteration, per phase, ratios to
+vanilla, the free-exploration ceiling and what the spot cores buy), the planner's and the
+exploration's report with the simulator's prediction for the same 1 + N (`exploration_report.py`),
+writes JSON (commit, machine, every run's curve) and a PNG of the curves to benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -41,18 +49,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from core_plan import SPOT_MODES, CorePlan, plan_cores
 from decomposition import affordable_candidates, decompose, format_table, phase_seconds
+from exploration_report import (
+    exploration_stats,
+    format_report,
+    predict,
+    reference_rows,
+    summarise_exploration,
+    summarise_predictions,
+)
 from provenance import REPO, RESULTS, git_commit, machine
 
+from spotlight.components.checkpoint import load_model
 from spotlight.config import TrainConfig, load_config
 from spotlight.loop.evaluation import evaluate
 from spotlight.market.prices import default_prices
-from spotlight.components.checkpoint import load_model
-from spotlight.runtime.cores import pinned
+from spotlight.runtime.cores import available_cores, pinned
 from spotlight.tasks.registry import get_task
 
 MODES = ("vanilla", "sync-explore", "spot-rollout", "spotlight")
-DEVICES = {"vanilla": 1, "sync-explore": 1, "spot-rollout": 2, "spotlight": 2}
 LOAD_FILE = "load_average.json"  # a run's load average at its start and end, kept beside its metrics
 REWARDS = {"mixed": "reward.strict_weight=0.5", "strict": "reward.strict_weight=1.0"}
 
@@ -86,19 +102,18 @@ def base_accuracy(overrides: list[str], core: int) -> tuple[float, float]:
     return result.strict_accuracy, result.strict_accuracy_se
 
 
-def start(job: Job, cores: list[int], log_dir: Path) -> None:
+def start(job: Job, cores: list[int], plan: CorePlan, log_dir: Path) -> None:
     shutil.rmtree(job.run_dir, ignore_errors=True)
-    cores_text = "[" + ",".join(str(core) for core in cores) + "]"
-    command = [sys.executable, "-m", "spotlight", "train", *(arg for o in job.overrides for arg in ("-s", o)),
-               "-s", f"device_cores={cores_text}", "-s", f"run_dir={job.run_dir}"]
+    placed = [*job.overrides, *plan.overrides(job.mode, cores), f"run_dir={job.run_dir}"]
+    command = [sys.executable, "-m", "spotlight", "train", *(arg for o in placed for arg in ("-s", o))]
     log = (log_dir / f"{job.mode}-seed{job.seed}.log").open("w")
     job.process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     job.cores = cores
     job.load_average = {"start": os.getloadavg()[0]}
 
 
-def run_all(jobs: list[Job], log_dir: Path, cores: list[int], pair: bool) -> None:
-    """Run the jobs in order: alone, or with ``pair`` one one-device run per free core of ``cores``."""
+def run_all(jobs: list[Job], log_dir: Path, cores: list[int], plan: CorePlan, pair: bool) -> None:
+    """Run the jobs in order: alone, or with ``pair`` side by side while their cores (``plan``) fit ``cores``."""
     free, running, waiting = list(cores), [], list(jobs)
     while waiting or running:
         for job in list(running):
@@ -109,11 +124,11 @@ def run_all(jobs: list[Job], log_dir: Path, cores: list[int], pair: bool) -> Non
                 free.extend(job.cores)
                 status = "ok" if job.process.returncode == 0 else f"FAILED (exit {job.process.returncode})"
                 print(f"  done {job.mode} seed {job.seed}: {status}", flush=True)
-        while waiting and len(free) >= DEVICES[waiting[0].mode] and (pair or not running):
+        while waiting and len(free) >= plan.cores_needed(waiting[0].mode) and (pair or not running):
             job = waiting.pop(0)
-            need = DEVICES[job.mode]
+            need = plan.cores_needed(job.mode)
             cores, free = sorted(free)[:need], sorted(free)[need:]
-            start(job, cores, log_dir)
+            start(job, cores, plan, log_dir)
             running.append(job)
             print(f"  start {job.mode} seed {job.seed} on cores {cores}", flush=True)
         time.sleep(2.0)
@@ -131,8 +146,9 @@ def dollars(records: list[dict], prices: dict[str, float]) -> list[float]:
     return out
 
 
-def outcome(job: Job, target: float, prices: dict[str, float]) -> dict:
-    """One run's curve and when it reached the target (None where it did not)."""
+def outcome(job: Job, target: float, prices: dict[str, float], reference: Path | None) -> dict:
+    """One run's curve and when it reached the target (None where it did not); a spotlight run's exploration,
+    and the simulator's prediction for its 1 + N setting with α fitted to ``reference``'s runs (None: none)."""
     records = [json.loads(line) for line in (job.run_dir / "metrics.jsonl").read_text().splitlines()]
     spent = dollars(records, prices)
     curve = [{"iteration": r["iteration"], "wall_s": r["time/wall_s"], "usd": usd,
@@ -142,6 +158,7 @@ def outcome(job: Job, target: float, prices: dict[str, float]) -> dict:
     trained = [r for r in records[1:] if "rollout/group_reward_std" in r]
     config = load_config(TrainConfig, job.run_dir / "config.yaml")
     candidates = [r["planner/num_candidates"] for r in trained if "planner/num_candidates" in r]
+    explored = exploration_stats(records, reached["iteration"] if reached else None)
     return {
         "mode": job.mode, "seed": job.seed, "curve": curve, "reached": reached is not None,
         "wall_s_to_target": reached["wall_s"] if reached else None,
@@ -153,17 +170,24 @@ def outcome(job: Job, target: float, prices: dict[str, float]) -> dict:
         "phases": phase_seconds(records, reached["iteration"] if reached else None),
         "explore_candidates": (float(np.mean(candidates)) if candidates
                                else float(config.explore.num_candidates) if job.mode == "sync-explore" else None),
+        "spot_devices": config.runtime.num_spot_devices if job.mode in SPOT_MODES else 0,
+        "cores": job.cores, "control_cores": config.control_cores,
+        "exploration": explored,
+        "prediction": (predict(job.run_dir, reference, float(np.mean(explored["kendall_tau"]))
+                               if explored["kendall_tau"] else None)
+                       if explored and job.mode == "spotlight" and reference else None),
         "load_average": job.load_average or (json.loads((job.run_dir / LOAD_FILE).read_text())
                                              if (job.run_dir / LOAD_FILE).is_file() else None),
     }
 
 
-def earlier_outcomes(path: Path, target: float, have: set[tuple[str, int]]) -> list[dict]:
+def earlier_outcomes(path: Path, target: float, have: set[tuple[str, int]], spot_devices: int) -> list[dict]:
     """The runs recorded in an earlier JSON of this benchmark whose (mode, seed) this invocation did not run.
 
     Why: a run directory is scratch (a fresh machine has none), but every run's curve and phases are in
     the JSON; a seed added later joins the earlier ones without re-running them. Refused unless the
-    earlier runs chased the same target (same base model, reward and validation settings).
+    earlier runs chased the same target (same base model, reward and validation settings) and their
+    spot modes ran with as many spot devices (a JSON before --spot-devices ran 1).
     """
     if not path.is_file():
         raise SystemExit(f"--merge {path}: no such file; give a JSON this benchmark wrote (benchmarks/results/)")
@@ -172,8 +196,13 @@ def earlier_outcomes(path: Path, target: float, have: set[tuple[str, int]]) -> l
         raise SystemExit(f"--merge {path}: its runs chased target {earlier['target']:.4f}, these {target:.4f}: "
                          "merge only runs with the same reward, gain and validation settings")
     kept = [run for run in earlier["runs"] if (run["mode"], run["seed"]) not in have]
+    other = sorted({run.get("spot_devices", 1) for run in kept if run["mode"] in SPOT_MODES} - {spot_devices})
+    if other:
+        raise SystemExit(f"--merge {path}: its spot runs had {other} spot devices, these {spot_devices}: merge "
+                         "only runs at the same 1 + N (give --spot-devices to match, or another --out)")
     for run in kept:
         run.setdefault("commit", earlier.get("commit"))  # where it came from, as its table row can't say
+        run.setdefault("machine", earlier.get("machine"))
     return kept
 
 
@@ -236,6 +265,18 @@ def plot(outcomes: list[dict], target: float, base: float, path: Path) -> None:
     figure.savefig(path, dpi=110)
 
 
+def explore_report(outcomes: list[dict], summary: dict, config: TrainConfig,
+                   args: argparse.Namespace) -> tuple[dict | None, dict | None]:
+    """Print and return the exploration at 1 + N and the simulator's prediction (`exploration_report.py`)."""
+    sync_std, _ = reference_rows(args.reference)
+    exploration = summarise_exploration(outcomes, "spotlight", sync_std, config.explore.staleness_floor)
+    prediction = summarise_predictions(outcomes)
+    measured = {mode: {"iterations": row["iterations_to_target"]["median"], "wall_s": row["wall_s_to_target"]["median"],
+                       "wall_vs_vanilla": row.get("wall_s_to_target_vs_vanilla")} for mode, row in summary.items()}
+    print("\n" + format_report(exploration, prediction, measured))
+    return exploration, prediction
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
@@ -247,8 +288,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--eval-seeds", type=int, default=10, help="validation seeds per prompt (80 prompts)")
     parser.add_argument("--set", "-s", action="append", default=[], help="extra config override for every run")
-    parser.add_argument("--cores", nargs="+", type=int, default=[0, 1],
-                        help="cores the runs may use (e.g. --cores 1 leaves core 0 to another job)")
+    parser.add_argument("--cores", nargs="+", type=int, default=available_cores(),
+                        help="cores the runs may use (default: this process's; --cores 1 leaves core 0 to another job)")
+    parser.add_argument("--spot-devices", type=int, default=1,
+                        help="N: spot devices behind the trainer in spot-rollout and spotlight, one core each")
+    parser.add_argument("--control-cores", type=int, default=None,
+                        help="C: cores for Ray's control plane, apart from every device's (default: those the runs "
+                             "leave; 0: on the spot devices' cores)")
+    parser.add_argument("--reference", type=Path, default=RESULTS / "time_to_target.json",
+                        help="the 1 + 1 table: sync-explore's group std to compare with, and the runs the "
+                             "simulator's alpha is fitted to")
     parser.add_argument("--pair", action="store_true",
                         help="two one-device runs at once, one per core (faster; not for quoted numbers)")
     parser.add_argument("--runs-dir", default="runs/time-to-target")
@@ -259,10 +308,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="an earlier JSON of this benchmark (same reward and target): its runs join the table "
                              "where this invocation has no run of that mode and seed (e.g. re-run one mode only)")
     args = parser.parse_args(argv)
-    too_big = [mode for mode in args.modes if DEVICES[mode] > len(args.cores)]
-    if too_big and not args.analyse_only:
-        parser.error(f"{', '.join(too_big)} need {max(DEVICES[m] for m in too_big)} cores; --cores gives "
-                     f"{len(args.cores)}: give more cores or leave those modes out")
+    plan = plan_cores(args.modes, args.cores, args.spot_devices, args.control_cores, args.pair, available_cores())
     suffix = "" if args.reward == "mixed" else f"_{args.reward}"
     out = Path(args.out) if args.out else RESULTS / f"time_to_target{suffix}.json"
     common = [REWARDS[args.reward], f"eval.every={args.eval_every}", f"eval.seeds_per_prompt={args.eval_seeds}",
@@ -282,18 +328,21 @@ def main(argv: list[str] | None = None) -> None:
     jobs = [Job(mode, seed, runs_dir / f"{mode}-seed{seed}",
                 [f"mode={mode}", f"seed={seed}", f"eval.target_accuracy={target}", *common])
             for seed in args.seeds for mode in args.modes]
-    jobs.sort(key=lambda job: DEVICES[job.mode])  # one-device runs pair up first
+    jobs.sort(key=lambda job: plan.cores_needed(job.mode))  # one-device runs pair up first
     started = time.time()
     load_before = os.getloadavg()
     if not args.analyse_only:
-        run_all(jobs, runs_dir, args.cores, args.pair)
+        run_all(jobs, runs_dir, args.cores, plan, args.pair)
     config = load_config(TrainConfig, None, common)
     table = default_prices(config.runtime.prices.instance, config.runtime.prices.on_demand_per_gpu_hour,
                            config.runtime.prices.spot_per_gpu_hour)
     prices = {"on_demand_per_hour": table.on_demand_per_hour, "spot_per_hour": table.spot_per_hour}
-    outcomes = [outcome(job, target, prices) | {"commit": git_commit()} for job in jobs if job.finished]
+    reference = args.reference if args.reference.is_file() else None
+    outcomes = [outcome(job, target, prices, reference) | {"commit": git_commit(), "machine": machine()}
+                for job in jobs if job.finished]
     if args.merge is not None:
-        outcomes += earlier_outcomes(args.merge, target, {(o["mode"], o["seed"]) for o in outcomes})
+        outcomes += earlier_outcomes(args.merge, target, {(o["mode"], o["seed"]) for o in outcomes},
+                                     args.spot_devices)
         outcomes.sort(key=lambda o: (MODES.index(o["mode"]), o["seed"]))
     modes = [mode for mode in MODES if mode in args.modes or any(o["mode"] == mode for o in outcomes)]
     summary = summarise(outcomes, modes)
@@ -312,13 +361,17 @@ def main(argv: list[str] | None = None) -> None:
               f"{fmt(row.get('wall_s_to_target_vs_vanilla'), 1, 2):>11s} "
               f"{fmt(row.get('wall_s_to_target_vs_sync-explore'), 1, 2):>8s}")
     decomposition = decompose(outcomes, modes)
-    spot_core = affordable_candidates(outcomes, config.rollout.prompts_per_iteration)
+    spot_core = affordable_candidates(outcomes, config.rollout.prompts_per_iteration, args.spot_devices)
     print("\nwhere the time goes (medians; seconds per iteration over the iterations to target):")
     print(format_table(decomposition))
     if spot_core:
-        print(f"one spot core buys {spot_core['candidates_per_prompt']:.1f} candidates per prompt per update "
-              f"({spot_core['update_s']:.2f} s update / {spot_core['candidate_s'] * 1000:.1f} ms per candidate)")
+        print(f"{args.spot_devices} spot core(s) buy {spot_core['candidates_per_prompt']:.1f} candidates per prompt "
+              f"per update ({spot_core['update_s']:.2f} s update / {spot_core['candidate_s'] * 1000:.1f} ms per "
+              "candidate)")
+    exploration, prediction = explore_report(outcomes, summary, config, args)
     payload = {"benchmark": "time_to_target", "decomposition": decomposition, "spot_core": spot_core,
+               "spot_devices": args.spot_devices, "control_cores": plan.control_cores,
+               "exploration": exploration, "prediction": prediction,
                "commit": git_commit(), "machine": machine(),
                "args": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()},
                "base_strict": base, "base_strict_se": base_se, "target": target, "prices": prices,

@@ -190,6 +190,9 @@ class TrainConfig(Section):
     # ranks' cores). null: this machine's cores in order. Attach mode pins only the trainer.
     pin_devices: bool = True
     device_cores: list[int] | None = Field(None, min_length=1)
+    # Ray's control plane of a local cluster (GCS, raylets, the queue actor) on cores no device uses, so at
+    # 1 + N it takes no time from the devices; needs device_cores. null: the spot devices' cores.
+    control_cores: list[int] | None = Field(None, min_length=1)
     checkpoint_every: int = Field(10, ge=1)
     rollout: RolloutSection = RolloutSection()
     train: TrainSection = TrainSection()
@@ -234,13 +237,13 @@ class TrainConfig(Section):
         return self._device_core_list()[rank]
 
     def control_plane_cores(self) -> list[int] | None:
-        """Where a local cluster's Ray processes run: every device core but the trainer's (None: unpinned or none left).
-
-        The trainer's core belongs to the trainer; Ray's GCS, raylets and the queue actor share the spot
-        devices' cores (`spotlight.runtime.cores.spawning_on`).
-        """
+        """Where a local cluster's Ray processes (GCS, raylets, queue actor) run (`cores.spawning_on`):
+        ``control_cores``, else every device core but the trainer's, which is the trainer's alone (None:
+        unpinned or none left)."""
         if not self.pin_devices:
             return None
+        if self.control_cores is not None:
+            return list(self.control_cores)
         cores = self._device_core_list()
         rest = [core for core in cores if core != cores[0]]
         return rest or None
@@ -257,6 +260,16 @@ class TrainConfig(Section):
     def _cores_exist(self) -> TrainConfig:
         if self.pin_devices and self.device_cores is not None:
             check_cores(self.device_cores)
+        if self.pin_devices and self.control_cores is not None:
+            check_cores(self.control_cores, "control_cores")
+            if self.device_cores is None:
+                raise ValueError(f"control_cores {self.control_cores} needs device_cores: give the devices' cores "
+                                 "too, so Ray's control plane can be kept off them")
+            shared = sorted(set(self.control_cores) & set(self.device_cores))
+            if shared:
+                raise ValueError(f"control_cores {self.control_cores} shares core(s) {shared} with device_cores "
+                                 f"{self.device_cores}: Ray's control plane goes on cores no device uses; give "
+                                 "disjoint lists, or control_cores null")
         return self
 
     @model_validator(mode="after")

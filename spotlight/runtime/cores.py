@@ -25,14 +25,14 @@ def available_cores() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
-def check_cores(cores: Sequence[int]) -> None:
-    """Raise :class:`CoreError` if a core is repeated or not on this machine."""
+def check_cores(cores: Sequence[int], field: str = "device_cores") -> None:
+    """Raise :class:`CoreError` if a core is repeated or not on this machine (``field``: the list's config name)."""
     if len(set(cores)) != len(cores):
-        raise CoreError(f"device_cores {list(cores)} repeats a core: give each device its own core")
+        raise CoreError(f"{field} {list(cores)} repeats a core: give each its own core")
     missing = sorted(set(cores) - set(range(os.cpu_count() or 1)))
     if missing:
-        raise CoreError(f"device_cores {list(cores)} names core(s) {missing} that this machine lacks "
-                        f"(it has 0-{(os.cpu_count() or 1) - 1}); set device_cores to fewer or null")
+        raise CoreError(f"{field} {list(cores)} names core(s) {missing} that this machine lacks "
+                        f"(it has 0-{(os.cpu_count() or 1) - 1}); set {field} to fewer or null")
 
 
 def pin_process(core: int | None, num_threads: int = 1) -> None:
