@@ -11,9 +11,13 @@ the released checkpoint. Nothing is downloaded:
   have 1-2 layers with random weights: text encoding is a small share of a step's cost and is cached by
   Spotlight, and a 4.7 B T5 would only add set-up time. ``text_encoders.json`` records the published
   depths beside what is built;
-- the tokenizers are the character-level ones `spotlight.models.pipelines.tiny` makes in-process, so a
-  prompt has more tokens than under the released tokenizers where the text is not padded (Qwen-Image:
-  about 150 characters of its chat template survive the pipeline's 34-token crop).
+- the tokenizers are the character-level ones `spotlight.models.pipelines.tiny` makes in-process. SD3's
+  and FLUX's text is padded to a fixed length, so their token counts are the released ones. Qwen-Image's
+  is not: its pipeline wraps the prompt in a chat template and drops the template's first 34 tokens, so
+  character by character about 180 template characters would survive the crop (211 text tokens for a
+  31-character prompt, 20% more tokens per forward than the released model). So the template's words
+  become tokens of their own (`_add_template_words`): the crop then removes exactly the template's
+  prefix, as the released tokenizer does, and a prompt costs its own characters plus 5 tokens.
 
 ``small=True`` shrinks every width and depth (``SMALL``) so that the same code runs on a CPU in seconds:
 what the test suite checks.
@@ -22,6 +26,7 @@ what the test suite checks.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -134,13 +139,36 @@ def build_pipeline(model: str, small: bool, device: str, dtype: torch.dtype, see
         torch.manual_seed(seed)
         torch.set_default_dtype(dtype)  # built in the run's dtype: a 20 B float32 transformer is 82 GB
         try:
-            parts = _parts(parts_config, transformer_class, vae_class, dtype)
+            pipeline = getattr(diffusers, spec["pipeline"])(**_parts(parts_config, transformer_class, vae_class, dtype))
+            if spec["family"] == "qwen-image":
+                _add_template_words(pipeline)
         finally:
             torch.set_default_dtype(default_dtype)
-    for part in parts.values():
+    for part in pipeline.components.values():
         if isinstance(part, torch.nn.Module):
             part.eval().requires_grad_(False)
-    return getattr(diffusers, spec["pipeline"])(**parts)
+    return pipeline
+
+
+TEMPLATE_WORDS = re.compile(r"<\|im_(?:start|end)\|>| ?\w+")  # Qwen's chat markers and (space-led) words
+
+
+def _add_template_words(pipeline: Any) -> None:
+    """Make each word and chat marker of a Qwen-Image pipeline's prompt template one token of its tokenizer.
+
+    Split that way (markers, words with their leading space, one token per other character, as Qwen's BPE
+    splits this text) the template's prefix is exactly the ``prompt_template_encode_start_idx`` tokens the
+    pipeline drops; a ValueError says so if a diffusers version changed the template. The text encoder's
+    embedding table grows by the new tokens (random rows, drawn in `build_pipeline`'s seeded context).
+    """
+    template, start = pipeline.prompt_template_encode, pipeline.prompt_template_encode_start_idx
+    pipeline.tokenizer.add_tokens(sorted(set(TEMPLATE_WORDS.findall(template.replace("{}", "")))))
+    pipeline.text_encoder.resize_token_embeddings(len(pipeline.tokenizer), mean_resizing=False)
+    prefix = template.split("{}")[0]
+    count = len(pipeline.tokenizer(prefix, add_special_tokens=False)["input_ids"])
+    if count != start:
+        raise ValueError(f"Qwen-Image's template prefix tokenizes to {count} tokens, not the {start} its pipeline "
+                         "drops: update published_pipelines.TEMPLATE_WORDS for this diffusers version")
 
 
 def _parts(parts_config: dict[str, dict[str, Any]], transformer_class: type, vae_class: type,

@@ -120,14 +120,22 @@ def _train_progress(terminal: TextIO, state: ProgressState) -> Live:
 
 
 def _summary_table(summary: Any) -> Table:
+    """Validations of the run: the score that picks the best model first (strict accuracy only where the
+    reward defines one; a reward without a strict flag has no strict column, its mean reward is the score)."""
+    from spotlight.loop.evaluation import score_is_strict
+
+    strict = all(score_is_strict(record) for record in summary.validation)
     table = Table(title=f"spotlight train: {summary.run_dir}")
-    for column in ("iteration", "wall s", "val strict acc", "val reward", "rollout reward"):
+    columns = ("iteration", "wall s", "val strict acc", "val reward", "rollout reward") if strict else \
+        ("iteration", "wall s", "val mean reward", "rollout reward")
+    for column in columns:
         table.add_column(column, justify="right")
     rollout_reward = {r["iteration"]: r.get("rollout/reward_mean") for r in summary.history}
     for record in summary.validation:
         reward = rollout_reward.get(record["iteration"])
-        table.add_row(str(record["iteration"]), f"{record['time/wall_s']:.0f}", f"{record['val/strict_accuracy']:.3f}",
-                      f"{record['val/reward']:.3f}", "-" if reward is None else f"{reward:.3f}")
+        scores = [f"{record['val/strict_accuracy']:.3f}"] if strict else []
+        table.add_row(str(record["iteration"]), f"{record['time/wall_s']:.0f}", *scores, f"{record['val/reward']:.3f}",
+                      "-" if reward is None else f"{reward:.3f}")
     return table
 
 
@@ -198,6 +206,12 @@ def _print_outcome(summary: Any) -> None:
         print(summary.stopped)
 
 
+# What the utilisation totals divide by (spotlight/runtime/spot/usage.py, run_totals).
+RUNTIME_LABELS = {"util/on_demand": "util/on_demand (busy / held)", "util/spot": "util/spot (busy / held)",
+                  "util/spot_held_fraction": "spot held / run", "util/spot_held_s": "spot held device-s",
+                  "util/spot_busy_s": "spot busy device-s"}
+
+
 def _runtime_summary(run_dir: Path) -> None:
     """Print the Ray runtime's totals (summary.json), when the run had one."""
     import json
@@ -211,7 +225,7 @@ def _runtime_summary(run_dir: Path) -> None:
     table.add_column("value", justify="right")
     for name, value in totals.items():
         if isinstance(value, float | int) and not isinstance(value, bool):
-            table.add_row(name, f"{value:.4g}")
+            table.add_row(RUNTIME_LABELS.get(name, name), f"{value:.4g}")
     Console().print(table)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -72,10 +73,28 @@ class EvalResult:
 
     def metrics(self, prefix: str = "val") -> dict[str, float]:
         out = {f"{prefix}/strict_accuracy": self.strict_accuracy, f"{prefix}/reward": self.mean_reward,
-               f"{prefix}/strict_accuracy_se": self.strict_accuracy_se, f"{prefix}/score": self.score}
+               f"{prefix}/strict_accuracy_se": self.strict_accuracy_se, f"{prefix}/score": self.score,
+               f"{prefix}/score_is_strict": float(self.has_strict)}
         per_kind = "accuracy" if self.has_strict else "reward"
         out.update({f"{prefix}/{per_kind}_{kind}": value for kind, value in self.accuracy_by_kind.items()})
         return out
+
+
+def score_is_strict(record: dict[str, Any]) -> bool:
+    """Whether a validation record's score (``val/score``, what picks the best model) is strict accuracy.
+
+    False for a reward without a strict flag, whose score is the mean reward; a record written before
+    ``val/score_is_strict`` was logged counts as strict when it has no separate score or the two agree.
+    """
+    flag = record.get("val/score_is_strict")
+    if flag is not None:
+        return bool(flag)
+    return "val/score" not in record or record["val/score"] == record.get("val/strict_accuracy")
+
+
+def score_name(record: dict[str, Any]) -> str:
+    """``strict accuracy`` or ``mean reward``: the name of the score that picks a run's best model."""
+    return "strict accuracy" if score_is_strict(record) else "mean reward"
 
 
 def validation_seeds(num_prompts: int, seeds_per_prompt: int) -> list[int]:

@@ -48,7 +48,7 @@ from spotlight.data import open_dataset
 from spotlight.data.metadata_reward import bind_metadata
 from spotlight.disagg.loop_update import GroupedUpdate
 from spotlight.disagg.versions import VersionGate
-from spotlight.loop.evaluation import evaluate, validation_subset
+from spotlight.loop.evaluation import evaluate, score_name, validation_subset
 from spotlight.explore.fidelity import preview_fidelity
 from spotlight.explore.planner import ExplorationPlanner, PlannerSection
 from spotlight.explore.staleness import StalenessMonitor
@@ -102,10 +102,8 @@ def validated(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def describe_score(record: dict[str, Any]) -> str:
-    """``val strict accuracy 0.412`` (or ``val reward 0.731`` for a reward without a strict flag)."""
-    score = validation_score(record)
-    name = "strict accuracy" if score == record["val/strict_accuracy"] else "reward"
-    return f"val {name} {score:.3f}"
+    """``val strict accuracy 0.412`` (or ``val mean reward 0.731`` for a reward without a strict flag)."""
+    return f"val {score_name(record)} {validation_score(record):.3f}"
 
 
 @dataclass
@@ -351,7 +349,7 @@ class Trainer:
         self.versions.reset_to(state)
         if verdict.action == "stop":
             self.stopped = (f"guard: stopped at iteration {verdict.iteration}: {verdict.reason}; {where}, "
-                            "and the final model")
+                            "and it is also the final model.")
             logger.info(self.stopped)  # the terminal gets it once, under the summary table
             return
         factor = self.config.guard.rollback_lr_factor
