@@ -50,7 +50,7 @@ def test_a_collapsing_run_is_rolled_back_at_a_lower_rate_then_stopped_with_one_l
     peak = max(validated, key=lambda r: r["val/strict_accuracy"])
     assert f"val strict accuracy {peak['val/strict_accuracy']:.3f} at iteration {peak['iteration']}" in stopped[0]
     # the run ends with its best model, not the dying one: the final validation is the peak's, exactly
-    assert stopped[0].endswith("and the final model")
+    assert stopped[0].endswith(", and it is also the final model.")  # one whole sentence (issue 36)
     assert records[-1]["guard/action"] == "stop" and records[-1]["val/strict_accuracy"] == peak["val/strict_accuracy"]
     task = get_task("shapes")  # intact: the best model validates exactly as it did when it was kept
     with pinned(None, 1):

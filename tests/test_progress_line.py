@@ -9,8 +9,8 @@ from rich.console import Console
 
 from spotlight.components.progress_line import AboveTheLine, ProgressLine, ProgressState, clock_time, layout
 
-RECORD = {"time/wall_s": 190.0, "rollout/reward_mean": 0.393, "cost/usd": 0.167, "util/spot_train_phase": 0.82,
-          "val/strict_accuracy": 0.331}
+RECORD = {"time/wall_s": 190.0, "rollout/reward_mean": 0.393, "cost/usd": 0.167, "util/spot_to_date": 0.82,
+          "util/spot_held_fraction_to_date": 0.5, "util/spot_train_phase": 0.97, "val/strict_accuracy": 0.331}
 
 
 def state_after_12_of_55(max_wall_s: float | None = 900.0) -> tuple[ProgressState, float]:
@@ -35,9 +35,9 @@ def test_at_160_columns_everything_shows_with_a_bar_filling_the_rest() -> None:
     state, now = state_after_12_of_55()
     line = layout(state, 160, now)
     assert len(line) == 160
-    for part in ("spotlight", "reward 0.393", "$0.1670", "spot util 0.82", "━"):
+    for part in ("spotlight", "reward 0.393", "$0.1670", "spot util 0.82", "held 0.50", "━"):
         assert part in line, line
-    assert line.index("reward") < line.index("$") < line.index("spot util")
+    assert line.index("reward") < line.index("$") < line.index("spot util") < line.index("held")
 
 
 def test_at_80_columns_utilisation_and_dollars_drop_before_reward_and_the_bar() -> None:
@@ -72,6 +72,21 @@ def test_before_any_validation_and_pace_the_line_says_so() -> None:
     state.update(2, {"time/wall_s": 10.0, "val/strict_accuracy": 0.25}, now=1.0)
     state.update(3, {"time/wall_s": 15.0}, now=2.0)
     assert "val 0.250" in layout(state, 80, 2.0)  # the last validation stays until the next
+
+
+def test_a_reward_without_a_strict_flag_shows_its_mean_reward_named() -> None:
+    """The score that picks the best model is the mean reward there, not a strict accuracy of 0.000 (issue 36)."""
+    state = ProgressState(label="vanilla", total=10)
+    state.update(1, {"time/wall_s": 5.0, "val/strict_accuracy": 0.0, "val/reward": 0.731, "val/score": 0.731,
+                     "val/score_is_strict": 0.0}, now=0.0)
+    line = layout(state, 80, 0.0)
+    assert "val reward 0.731" in line and "0.000" not in line, line
+
+
+def test_spot_utilisation_is_the_runs_over_held_time_not_the_train_phases() -> None:
+    state, now = state_after_12_of_55()
+    line = layout(state, 160, now)
+    assert "spot util 0.82" in line and "0.97" not in line, line
 
 
 def test_the_renderable_draws_the_layout_for_the_consoles_width() -> None:

@@ -4,7 +4,10 @@ Rich's stock progress columns crop from the left of whatever does not fit, so at
 iteration counter and the elapsed time were the parts elided. Here the line is laid out by priority:
 iteration/total, elapsed, remaining and the last validation score are always there; the mode, the
 bar, the rollout reward, the dollars spent and the spot utilisation follow, and drop in reverse
-order (utilisation first) when the terminal is narrow. The layout is a pure function of the state,
+order (utilisation first) when the terminal is narrow. The validation score is the one that picks
+the best model: strict accuracy (``val 0.412``), or the mean reward of a reward without a strict
+flag, named (``val reward 0.731``). Spot utilisation is the run's so far over the time the spot devices were
+held, with the held fraction beside it, as the summary reports them at the end. The layout is a pure function of the state,
 the width and the clock (`layout`), so it is tested without a terminal.
 """
 
@@ -50,9 +53,11 @@ class ProgressState:
     seen_at: float | None = None  # time.monotonic() when the last record came
     started_at: float | None = None  # time.monotonic() when the run's clock was 0, from the first record
     validation: float | None = None
+    validation_name: str = ""  # "" for strict accuracy, "reward " for the mean reward of a reward without a strict flag
     reward: float | None = None
     usd: float | None = None
     spot_util: float | None = None
+    spot_held: float | None = None
 
     def update(self, iteration: int, record: dict[str, Any], now: float) -> None:
         """Take one iteration's metrics record (``metrics.jsonl`` keys)."""
@@ -60,12 +65,14 @@ class ProgressState:
         self.run_s = float(record.get("time/wall_s", self.run_s))
         if self.started_at is None:
             self.started_at = now - self.run_s
-        score = record.get("val/strict_accuracy", record.get("val/reward"))
-        if score is not None:
+        score = record.get("val/score", record.get("val/strict_accuracy"))
+        if score is not None:  # the score that picks the best model (loop/evaluation.py, EvalResult.score)
             self.validation = float(score)
+            self.validation_name = "" if record.get("val/score_is_strict", 1.0) else "reward "
         self.reward = record.get("rollout/reward_mean", self.reward)
         self.usd = record.get("cost/usd", self.usd)
-        self.spot_util = record.get("util/spot_train_phase", self.spot_util)
+        self.spot_util = record.get("util/spot_to_date", self.spot_util)
+        self.spot_held = record.get("util/spot_held_fraction_to_date", self.spot_held)
 
     def elapsed_s(self, now: float) -> float:
         """Seconds since the run's clock started, as a watch on the wall reads them (it never runs backwards).
@@ -101,13 +108,15 @@ def layout(state: ProgressState, width: int, now: float) -> str:
         f"{state.iteration}/{state.total}",
         f"{clock_time(state.elapsed_s(now))} elapsed",
         f"{'?' if remaining is None else '~' + clock_time(remaining)} left",
-        f"val {_number(state.validation, '.3f')}",
+        f"val {state.validation_name}{_number(state.validation, '.3f')}",
     ]
     optional = [state.label, "BAR", f"reward {_number(state.reward, '.3f')}"]
     if state.usd is not None:
         optional.append(f"${state.usd:.4f}")
     if state.spot_util is not None:
-        optional.append(f"spot util {state.spot_util:.2f}")
+        optional.append(f"spot util {_number(state.spot_util, '.2f')}")
+    if state.spot_held is not None:
+        optional.append(f"held {_number(state.spot_held, '.2f')}")
     used = len(_GAP.join(essentials))
     chosen: list[str] = []
     for part in optional:

@@ -202,6 +202,29 @@ class DeviceLedger:
         """Device-seconds rented in ``pool`` during [t0, t1)."""
         return sum(_overlap(start, end, t0, t1) for entry in self._pool(pool) for start, end in entry.held)
 
+    def peak_held(self, pool: Pool, until: float) -> int:
+        """The most devices of ``pool`` held at once before ``until``: the capacity the held fraction is measured against.
+
+        A spot device that leaves and comes back is a new device with a new interval, so counting the
+        devices ever held would overstate the capacity; the peak of concurrent holds does not.
+        """
+        edges = sorted((point, step) for entry in self._pool(pool) for start, end in entry.held if start < until
+                       for point, step in ((start, 1), (min(end, until), -1)))
+        held = peak = 0
+        for _, step in edges:  # at a tie the release (-1) sorts first: a hand-over is not two devices
+            held += step
+            peak = max(peak, held)
+        return peak
+
+    def held_fraction(self, pool: Pool, t0: float, t1: float) -> float:
+        """Held device-seconds of ``pool`` in [t0, t1) over (peak devices held × t1 - t0); NaN when none was held.
+
+        With utilisation (busy / held) beside it, it tells a spot device that idled from one that was gone:
+        a device busy 92% of the time it existed, present half the run, is utilisation 0.92 and held 0.5.
+        """
+        capacity = self.peak_held(pool, t1) * (t1 - t0)
+        return self.held_s(pool, t0, t1) / capacity if capacity > 0 else math.nan
+
     def busy_s(self, pool: Pool, t0: float, t1: float, phase: str | None = None) -> float:
         """Device-seconds busy in ``pool`` during [t0, t1) (only ``phase`` if given)."""
         return sum(_overlap(start, end, t0, t1) for entry in self._pool(pool) for start, end, label in entry.busy

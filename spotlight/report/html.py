@@ -46,10 +46,13 @@ def _duration(seconds: float) -> str:
 
 
 def _summary_rows(runs: list[Run]) -> str:
-    """One table row per run: final and best validation accuracy (with their iterations), time, cost."""
+    """One table row per run: the score that picks the best model, final and best (with their iterations), time,
+    cost, and spot utilisation over the time the spot devices were held with the held fraction beside it."""
     rows = []
     for index, run in enumerate(runs):
-        iterations, accuracies = run.series("val/strict_accuracy")
+        iterations, accuracies, score = run.validation_scores()
+        spot_util = run.total("util/spot", "util/spot_to_date")
+        spot_held = run.total("util/spot_held_fraction", "util/spot_held_fraction_to_date")
         if accuracies:
             best = max(range(len(accuracies)), key=lambda i: accuracies[i])
             final = f"{accuracies[-1]:.3f} (iter {iterations[-1]:.0f})"
@@ -61,10 +64,13 @@ def _summary_rows(runs: list[Run]) -> str:
             f'<td><span class="swatch" style="background:{run_colour(index)}"></span>{html.escape(run.name)}</td>',
             f'<td class="mode">{html.escape(run.mode)}</td>',
             f"<td>{run.iterations}</td>",
+            f'<td class="score">{html.escape(score)}</td>',
             f'<td class="final-accuracy">{final}</td>',
             f'<td class="best-accuracy">{best_text}</td>',
             f"<td>{NOT_LOGGED if wall_s is None else _duration(wall_s)}</td>",
             f"<td>{NOT_LOGGED if cost is None else f'${cost:,.2f}'}</td>",
+            f'<td class="spot-util">{NOT_LOGGED if spot_util is None else f"{spot_util:.2f}"}</td>',
+            f'<td class="spot-held">{NOT_LOGGED if spot_held is None else f"{spot_held:.2f}"}</td>',
         ]
         rows.append(f'<tr class="run" data-run="{html.escape(run.name)}">{"".join(cells)}</tr>')
     return "\n".join(rows)
@@ -96,7 +102,8 @@ def render_report(runs: list[Run]) -> str:
                       + (f" ({run.skipped_lines} unreadable lines skipped)" if run.skipped_lines else "") + "</li>"
                       for run in runs)
     header = "".join(f"<th>{name}</th>" for name in
-                     ("run", "mode", "iterations", "final val acc", "best val acc", "wall time", "cost"))
+                     ("run", "mode", "iterations", "val score (picks the best)", "final", "best", "wall time",
+                      "cost", "spot util (busy / held)", "spot held / run"))
     generated = datetime.datetime.now().isoformat(timespec="seconds")
     title = html.escape(", ".join(run.name for run in runs))
     return f"""<!DOCTYPE html>

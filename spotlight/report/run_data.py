@@ -31,6 +31,22 @@ class Run:
     config: dict[str, Any] = field(default_factory=dict)
     latest_grid: Path | None = None
     skipped_lines: int = 0
+    totals: dict[str, Any] = field(default_factory=dict)  # summary.json of a Ray run: dollars, utilisation
+
+    def total(self, key: str, per_iteration: str) -> float | None:
+        """The run's total ``key`` from summary.json, else the last iteration's ``per_iteration`` (a run still going)."""
+        value = _number(self.totals.get(key))
+        return value if value is not None else self.last(per_iteration)
+
+    def validation_scores(self) -> tuple[list[float], list[float], str]:
+        """(iterations, scores, name) of the score that picked the best model: strict accuracy, or the mean
+        reward of a reward without a strict flag (``val/score``; older runs logged strict accuracy only)."""
+        if self.has("val/score"):
+            strict = all(bool(row.get("val/score_is_strict", 1.0)) for row in self.rows if "val/score" in row)
+            iterations, scores = self.series("val/score")
+            return iterations, scores, "strict accuracy" if strict else "mean reward"
+        iterations, scores = self.series("val/strict_accuracy")
+        return iterations, scores, "strict accuracy"
 
     def series(self, y_key: str, x_key: str = "iteration") -> tuple[list[float], list[float]]:
         """(xs, ys) over the rows that log both keys as finite numbers; empty lists mean "not logged"."""
@@ -143,7 +159,8 @@ def load_run(run_dir: Path, name: str | None = None) -> Run:
     grids = sorted((run_dir / "samples").glob("iter-*.png"))
     return Run(name=name or run_dir.name, path=run_dir, rows=[by_iteration[i] for i in sorted(by_iteration)],
                events=events, config=_read_config(run_dir / "config.yaml"),
-               latest_grid=grids[-1] if grids else None, skipped_lines=skipped)
+               latest_grid=grids[-1] if grids else None, skipped_lines=skipped,
+               totals=_read_totals(run_dir / "summary.json"))
 
 
 def _read_config(path: Path) -> dict[str, Any]:
@@ -153,6 +170,15 @@ def _read_config(path: Path) -> dict[str, Any]:
     except (OSError, yaml.YAMLError):
         return {}
     return config if isinstance(config, dict) else {}
+
+
+def _read_totals(path: Path) -> dict[str, Any]:
+    """summary.json's totals; a run without one (one process, or still running) reports from its metrics."""
+    try:
+        totals = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return totals if isinstance(totals, dict) else {}
 
 
 def load_runs(run_dirs: list[Path]) -> list[Run]:

@@ -32,7 +32,14 @@ class IterationMarks:
 
 def iteration_usage(ledger: DeviceLedger, events: EventLog, marks: IterationMarks,
                     explorers: int) -> dict[str, float]:
-    """Times, utilisation per pool and phase, compute share and cumulative dollars of one iteration."""
+    """Times, utilisation per pool and phase, compute share and cumulative dollars of one iteration.
+
+    ``util/spot`` is this iteration's busy over held spot device-seconds; ``util/spot_to_date`` and
+    ``util/spot_held_fraction_to_date`` are the run's so far, from its start to this iteration's end (its
+    validations and checkpoints included), as summary.json's ``util/spot`` and ``util/spot_held_fraction``
+    measure the whole run: the progress line shows them, and the last iteration's agree with the summary
+    up to what happens after it (the final validation). A busy interval counts once it has ended.
+    """
     return {
         "time/rollout_s": marks.rollout_ended - marks.rollout_started,
         "time/explore_wait_s": marks.ended - marks.train_ended,
@@ -41,6 +48,8 @@ def iteration_usage(ledger: DeviceLedger, events: EventLog, marks: IterationMark
         "util/spot_train_phase": ledger.utilisation("spot", marks.rollout_ended, marks.train_ended),
         "util/spot_rollout_phase": ledger.utilisation("spot", marks.rollout_started, marks.rollout_ended),
         "util/spot": ledger.utilisation("spot", marks.started, marks.ended),
+        "util/spot_to_date": ledger.utilisation("spot", 0.0, marks.ended),
+        "util/spot_held_fraction_to_date": ledger.held_fraction("spot", 0.0, marks.ended),
         "util/on_demand": ledger.utilisation("on_demand", marks.started, marks.ended),
         "util/compute_share": ledger.compute_share(),
         "util/compute_share_spot": ledger.compute_share("spot"),
@@ -53,7 +62,12 @@ def iteration_usage(ledger: DeviceLedger, events: EventLog, marks: IterationMark
 
 
 def run_totals(ledger: DeviceLedger, events: EventLog, mode: str, end: float) -> dict[str, Any]:
-    """Totals of the run: dollars, utilisation, compute share, preemptions, queue latency."""
+    """Totals of the run: dollars, utilisation, compute share, preemptions, queue latency.
+
+    ``util/spot`` is busy over held device-seconds: what the spot devices did with the time they were
+    billed for. ``util/spot_held_fraction`` beside it is how much of the run they were held (against the
+    most spot devices held at once), so a device that was gone is not read as one that idled.
+    """
     trips = [row for row in events.rows if row["kind"] == "pull_round_trip"]
     return {
         "mode": mode, "wall_s": end, "prices": vars(ledger.prices),
@@ -61,6 +75,8 @@ def run_totals(ledger: DeviceLedger, events: EventLog, mode: str, end: float) ->
         "cost/usd_on_demand": ledger.dollars("on_demand", end), "cost/usd_spot": ledger.dollars("spot", end),
         "util/on_demand": ledger.utilisation("on_demand", 0.0, end),
         "util/spot": ledger.utilisation("spot", 0.0, end),
+        "util/spot_held_fraction": ledger.held_fraction("spot", 0.0, end),
+        "util/spot_held_s": ledger.held_s("spot", 0.0, end), "util/spot_busy_s": ledger.busy_s("spot", 0.0, end),
         "util/compute_share": ledger.compute_share(), "util/compute_share_spot": ledger.compute_share("spot"),
         "preemption_notices": events.count("preemption_notice"),
         "nodes_removed": events.count("node_removed"), "nodes_added": events.count("node_added"),
