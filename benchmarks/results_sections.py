@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 
 @dataclass
@@ -81,7 +81,8 @@ def time_to_target(result: dict) -> list[Table]:
         summary.rows.append([
             mode, f"{wall.get('reached', 0)}/{row.get('runs')}",
             spread(minutes(wall.get("median")), minutes(wall.get("min")), minutes(wall.get("max"))),
-            fmt(usd.get("median"), 2), spread(fmt(its.get("median"), 0), fmt(its.get("min"), 0), fmt(its.get("max"), 0)),
+            fmt(usd.get("median"), 2),
+            spread(fmt(its.get("median"), 0), fmt(its.get("min"), 0), fmt(its.get("max"), 0)),
             fmt(row.get("group_reward_std")), fmt(versus, 2), ", ".join(sorted(commits.get(mode, {"–"})))])
     phases = Table(["mode", "iterations", "s / iteration", "seeds", "rollout", "update", "exploration wait",
                     "zero-spread groups"],
@@ -105,7 +106,8 @@ def simulate_paper_scale(result: dict) -> list[Table]:
     drivers = result.get("drivers", {})
     ratios = Table(["spotlight vs", "faster", "cheaper"],
                    caption=f"Convergence exponent α {fmt(drivers.get('alpha'), 2)}, group-std ratio "
-                           f"{fmt(drivers.get('sigma_ratio'), 2)}, α needed for 4× {fmt(drivers.get('alpha_for_4x'), 1)}; "
+                           f"{fmt(drivers.get('sigma_ratio'), 2)}, "
+                           f"α needed for 4× {fmt(drivers.get('alpha_for_4x'), 1)}; "
                            f"published claim {json.dumps(result.get('published_claim'))}.")
     for mode, row in result.get("ratios", {}).items():
         ratios.rows.append([mode, f"{fmt(row['faster'], 2)}×", f"{fmt(row['cheaper'], 2)}×"])
@@ -122,7 +124,8 @@ def long_run(result: dict) -> list[Table]:
     table = Table(["seed", "base", "best (iteration)", "final", "rollbacks", "stopped at", "minutes",
                    "kept peak", "gained"],
                   caption=f"Tag `{result.get('args', {}).get('tag')}`; run overrides: "
-                          + (" ".join(f"`{item}`" for item in overrides) or "none (the update as the code stood at that commit)"))
+                          + (" ".join(f"`{item}`" for item in overrides)
+                             or "none (the update as the code stood at that commit)"))
     for seed, row in result.get("verdicts", {}).items():
         table.rows.append([seed, fmt(row.get("base")), f"{fmt(row.get('best'))} ({fmt(row.get('best_iteration'), 0)})",
                            fmt(row.get("final")), ", ".join(str(it) for it in row.get("rollbacks") or []) or "–",
@@ -137,9 +140,11 @@ def chaos(result: dict) -> list[Table]:
     requests = result.get("requests_chaos", {})
     rows = [["iterations", fmt(result.get("iterations"), 0)],
             ["faults (unnoticed spot losses, queue kills, reward-server kills, driver kills)",
-             ", ".join(fmt(faults.get(key), 0) for key in ("unnoticed_loss", "queue_kill", "reward_kill", "driver_kill"))],
+             ", ".join(fmt(faults.get(key), 0)
+                       for key in ("unnoticed_loss", "queue_kill", "reward_kill", "driver_kill"))],
             ["preemption notices", fmt(result.get("chaos", {}).get("preemption_notices"), 0)],
-            ["requests done / lost / stored twice", f"{fmt(requests.get('done'), 0)} / {fmt(requests.get('lost'), 0)} / "
+            ["requests done / lost / stored twice",
+             f"{fmt(requests.get('done'), 0)} / {fmt(requests.get('lost'), 0)} / "
                                                     f"{fmt(requests.get('stored_twice'), 0)}"],
             ["results bit-identical to the fault-free run", f"{fmt(result.get('results_bit_identical'), 0)} of "
                                                             f"{fmt(result.get('results_compared'), 0)}"],
@@ -170,7 +175,8 @@ def disaggregated(result: dict) -> list[Table]:
                            fmt(row.get("group_reward_std", {}).get("mean"))])
     ceiling = result.get("overlap_ceiling")
     if isinstance(ceiling, dict):
-        table.caption = f"Overlap ceiling from the measured generation and training times: {fmt(ceiling.get('ceiling'), 2)}×."
+        table.caption = ("Overlap ceiling from the measured generation and training times: "
+                         f"{fmt(ceiling.get('ceiling'), 2)}×.")
     return [table]
 
 
@@ -203,13 +209,15 @@ def reward_accuracy(result: dict) -> list[Table]:
             row = kinds.get("all", {})
             table.rows.append([label, fmt(row.get("images"), 0), fmt(row.get(key)), fmt(row.get("mean_reward"))])
     for condition, row in (result.get("no_object") or result.get("no_text") or {}).items():
-        table.rows.append([condition, "–", fmt(row.get("strict_rate", row.get("exact_match"))), fmt(row.get("mean_reward"))])
+        table.rows.append([condition, "–", fmt(row.get("strict_rate", row.get("exact_match"))),
+                           fmt(row.get("mean_reward"))])
     return [table]
 
 
 def pipeline_learns(result: dict) -> list[Table]:
     """A tiny pipeline folder post-trained on a user reward: the rise of its rollout reward per seed."""
-    table = Table(["seed", f"first {result.get('window')} iterations", f"last {result.get('window')}", "rise", "wall (s)"],
+    window = result.get("window")
+    table = Table(["seed", f"first {window} iterations", f"last {window}", "rise", "wall (s)"],
                   caption=f"Family `{result.get('family')}`, {result.get('iterations')} iterations.")
     for run in result.get("runs", []):
         table.rows.append([fmt(run.get("seed"), 0), fmt(run.get("first"), 4), fmt(run.get("last"), 4),
@@ -221,7 +229,8 @@ def planner_synthetic(result: dict) -> list[Table]:
     """Cumulative regret of the planner, its ablations and the fixed arms on drifting synthetic arms."""
     table = Table(["policy", "cumulative regret", "s.e.", "first half", "second half"])
     for row in result.get("results", []):
-        table.rows.append([row["policy"], fmt(row.get("cumulative_regret_mean"), 1), fmt(row.get("cumulative_regret_se"), 1),
+        table.rows.append([row["policy"], fmt(row.get("cumulative_regret_mean"), 1),
+                           fmt(row.get("cumulative_regret_se"), 1),
                            fmt(row.get("first_half"), 1), fmt(row.get("second_half"), 1)])
     return [table]
 
@@ -231,7 +240,8 @@ def planner_real(result: dict) -> list[Table]:
     table = Table(["arm", "group reward var", "explore (s)", "train (s)", "overrun median (s)", "iterations"],
                   caption=f"Best fixed arm that fits the training time: {result.get('best_fitting_fixed_arm')}.")
     for arm, row in result.get("runs", {}).items():
-        table.rows.append([arm, fmt(row.get("group_reward_var")), fmt(row.get("explore_s"), 2), fmt(row.get("train_s"), 2),
+        table.rows.append([arm, fmt(row.get("group_reward_var")), fmt(row.get("explore_s"), 2),
+                           fmt(row.get("train_s"), 2),
                            fmt(row.get("overrun_s_median"), 2), fmt(row.get("iterations"), 0)])
     return [table]
 
@@ -241,13 +251,15 @@ def noise_attribution(result: dict) -> list[Table]:
     table = Table(["rollout", "arm steps", "arm sampler", "correlation", "selected group std", "random group std"])
     for row in result.get("exploration_arms", []):
         table.rows.append([row.get("rollout", "sde"), fmt(row.get("arm_steps"), 0), str(row.get("sampler")),
-                           fmt(row.get("correlation"), 2), fmt(row.get("selected_group_std")), fmt(row.get("random_group_std"))])
+                           fmt(row.get("correlation"), 2), fmt(row.get("selected_group_std")),
+                           fmt(row.get("random_group_std"))])
     return [table]
 
 
 def runtime_modes(result: dict) -> list[Table]:
     """Every runtime mode for a few iterations: accuracy, wall time per iteration, dollars, utilisation."""
-    table = Table(["mode", "iterations", "val accuracy base → final", "s / iteration", "$ total", "on-demand util", "spot util"])
+    table = Table(["mode", "iterations", "val accuracy base → final", "s / iteration", "$ total", "on-demand util",
+                   "spot util"])
     for mode, row in result.get("modes", {}).items():
         table.rows.append([mode, fmt(row.get("iterations"), 0),
                            f"{fmt(row.get('base_val_accuracy'))} → {fmt(row.get('final_val_accuracy'))}",
@@ -320,7 +332,8 @@ def headline(load: Callable[[str], dict | None]) -> Table:
         if result is not None:
             table.rows.append([*row(result), f"[{stem}](docs/results.md#{stem})"])
 
-    add("time_to_target", lambda r: _ratio_row(r, "time to +0.10 validation strict accuracy, mixed reward, {seeds} seeds"))
+    add("time_to_target",
+        lambda r: _ratio_row(r, "time to +0.10 validation strict accuracy, mixed reward, {seeds} seeds"))
     add("time_to_target_strict", lambda r: _ratio_row(r, "the same with the binary strict reward, {seeds} seeds"))
     add("time_to_target_hard", lambda r: _ratio_row(r, "the same on counting and position prompts only, {seeds} seed"))
 
@@ -329,7 +342,8 @@ def headline(load: Callable[[str], dict | None]) -> Table:
         alpha = r.get("drivers", {}).get("alpha")
         cluster, workload = r.get("config", {}).get("cluster", {}), r.get("config", {}).get("workload", {})
         params = workload.get("params")
-        model = f"{params / 1e9:.0f} B-parameter DiT at {workload.get('resolution')}²" if params else "the paper's model"
+        model = (f"{params / 1e9:.0f} B-parameter DiT at {workload.get('resolution')}²" if params
+                 else "the paper's model")
         return [f"simulated at paper scale ({model}, {cluster.get('on_demand_devices')} on-demand + "
                 f"{cluster.get('spot_devices')} spot GPUs, spot trace `{cluster.get('trace')}`)",
                 f"**{fmt(vanilla.get('faster'), 2)}× faster, {fmt(vanilla.get('cheaper'), 2)}× cheaper** than vanilla "

@@ -28,7 +28,8 @@ RESULTS = REPO / "benchmarks" / "results"
 PAGE = REPO / "docs" / "results.md"
 README = REPO / "README.md"
 # The README's headline table lies between these two lines and is written by this script too.
-BEGIN, END = "<!-- headline results: written by benchmarks/write_results_page.py -->", "<!-- end of headline results -->"
+BEGIN = "<!-- headline results: written by benchmarks/write_results_page.py -->"
+END = "<!-- end of headline results -->"
 
 HEADER = """# Measured results
 

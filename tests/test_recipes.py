@@ -1,4 +1,4 @@
-"""The GPU recipes the README points at (configs/*-lora.yaml for real pipeline folders) load with the real config loader.
+"""The GPU recipes the README points at (configs/*-lora.yaml, for real pipeline folders) load with the real loader.
 
 Every field must exist (the config sections forbid unknown keys, so a typo fails here, not on a user's GPU),
 the settings the README promises must be the ones shipped, and the placeholder pipeline folder must stop a run
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from spotlight.config import TrainConfig, load_config
-from spotlight.schema import ConfigError
 from spotlight.models.pipelines.folder import PipelineFolderError, read_pipeline_folder
+from spotlight.schema import ConfigError
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 RECIPES = ("sd35m-ocr-lora", "flux-dev-geneval-lora", "qwen-image-ocr-lora")

@@ -6,9 +6,10 @@ iteration/total, elapsed, remaining and the last validation score are always the
 bar, the rollout reward, the dollars spent and the spot utilisation follow, and drop in reverse
 order (utilisation first) when the terminal is narrow. The validation score is the one that picks
 the best model: strict accuracy (``val 0.412``), or the mean reward of a reward without a strict
-flag, named (``val reward 0.731``). Spot utilisation is the run's so far over the time the spot devices were
-held, with the held fraction beside it, as the summary reports them at the end. The layout is a pure function of the state,
-the width and the clock (`layout`), so it is tested without a terminal.
+flag, named (``val reward 0.731``). Spot utilisation is the run's so far over the time the spot
+devices were held, with the held fraction beside it, as the summary reports them at the end. The
+layout is a pure function of the state, the width and the clock (`layout`), so it is tested without
+a terminal.
 """
 
 from __future__ import annotations

@@ -203,7 +203,7 @@ class DeviceLedger:
         return sum(_overlap(start, end, t0, t1) for entry in self._pool(pool) for start, end in entry.held)
 
     def peak_held(self, pool: Pool, until: float) -> int:
-        """The most devices of ``pool`` held at once before ``until``: the capacity the held fraction is measured against.
+        """The most devices of ``pool`` held at once before ``until``: the capacity held time is measured against.
 
         A spot device that leaves and comes back is a new device with a new interval, so counting the
         devices ever held would overstate the capacity; the peak of concurrent holds does not.

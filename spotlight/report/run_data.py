@@ -34,7 +34,7 @@ class Run:
     totals: dict[str, Any] = field(default_factory=dict)  # summary.json of a Ray run: dollars, utilisation
 
     def total(self, key: str, per_iteration: str) -> float | None:
-        """The run's total ``key`` from summary.json, else the last iteration's ``per_iteration`` (a run still going)."""
+        """The run's total ``key`` from summary.json, else the last iteration's ``per_iteration`` (a run going on)."""
         value = _number(self.totals.get(key))
         return value if value is not None else self.last(per_iteration)
 
