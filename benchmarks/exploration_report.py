@@ -53,8 +53,12 @@ def exploration_stats(records: list[dict[str, Any]], last_iteration: int | None)
 
 
 def summarise_exploration(outcomes: list[dict[str, Any]], mode: str, reference_std: float | None,
-                          staleness_floor: float) -> dict[str, Any] | None:
-    """The plan, τ and std of ``mode``'s runs together (None: no run of it explored)."""
+                          staleness_floor: float, largest_n: int) -> dict[str, Any] | None:
+    """The plan, τ and std of ``mode``'s runs together (None: no run of it explored).
+
+    ``largest_n``: the planner grid's largest N; picked most, it is the grid that bounds exploration, not
+    the spot devices' budget.
+    """
     runs = [o for o in outcomes if o["mode"] == mode and o.get("exploration")]
     if not runs:
         return None
@@ -66,7 +70,8 @@ def summarise_exploration(outcomes: list[dict[str, Any]], mode: str, reference_s
     (top_n, top_s), top_count = plans.most_common(1)[0]
     return {
         "runs": len(runs), "spot_devices": runs[0].get("spot_devices"),
-        "most_picked": {"num_candidates": top_n, "num_steps": top_s, "share": top_count / sum(plans.values())},
+        "most_picked": {"num_candidates": top_n, "num_steps": top_s, "share": top_count / sum(plans.values()),
+                        "largest_n_of_grid": top_n == largest_n},
         "plans": [[n, s, count] for (n, s), count in plans.most_common()],
         "candidate_steps_median": float(np.median([run["exploration"]["candidate_steps_median"] for run in runs])),
         "kendall_tau": {"mean": float(np.mean(taus)) if taus else None, "min": min(taus, default=None),
@@ -159,7 +164,8 @@ def format_report(summary: dict[str, Any] | None, prediction: dict[str, Any] | N
         f"exploration at 1 + {summary['spot_devices']} ({summary['runs']} spotlight run(s)):",
         f"  plan: N x S = {top['num_candidates']} x {top['num_steps']} most picked ({top['share']:.0%} of explored "
         f"iterations); median N*S {summary['candidate_steps_median']:.0f}; all: "
-        + ", ".join(f"{n}x{s}:{c}" for n, s, c in summary["plans"][:6]),
+        + ", ".join(f"{n}x{s}:{c}" for n, s, c in summary["plans"][:6])
+        + (" (the grid's largest N: the grid, not the budget, bounds it)" if top["largest_n_of_grid"] else ""),
         f"  stale ranking: Kendall tau {_cell(tau['mean'])} [{_cell(tau['min'])}-{_cell(tau['max'])}] over "
         f"{tau['checks']} checks (floor {tau['floor']:.2f})",
         f"  chosen groups' reward std {summary['group_reward_std']:.3f} vs sync-explore's "

@@ -8,17 +8,24 @@
 #   here, once (needs the package index):  bash benchmarks/run_1x8.sh prepare
 #       -> .whl/py312-site.tar.xz (~34 MB, git-ignored): what that machine's image lacks (diffusers, ray,
 #          pydantic and their dependencies), cp312 wheels unpacked, ray without jars/rllib/serve/data/tune/llm
-#   there (device tool):  run(command="SEED=0 bash benchmarks/run_1x8.sh", carry=[".whl/py312-site.tar.xz"],
+#   there (device tool):  run(command="SEEDS=0 bash benchmarks/run_1x8.sh", carry=[".whl/py312-site.tar.xz"],
 #                             timeout_s=600)
 #   here, a short test at 1 + 1 (not a measurement):
 #       SPOT_DEVICES=1 CONTROL_CORES=0 PAIR=0 MAX_WALL_S=20 GAIN=0.0 EVAL_SEEDS=2 OUT=/tmp/ttt-1x1 \
 #           bash benchmarks/run_1x8.sh
 #
-# Parameters (environment): SPOT_DEVICES (8), CONTROL_CORES (unset: every core the runs leave goes to Ray's
-# control plane), SEED (0), MAX_WALL_S (training seconds per run, 240), GAIN (target = base + GAIN, 0.10),
-# EVAL_SEEDS (validation seeds per prompt, 10), PAIR (1: vanilla on a core of its own beside spotlight, so
-# both fit the 10 minutes; 0: one after the other), MERGE (an earlier JSON; default the repository's
-# benchmarks/results/time_to_target_1x8.json if present), OUT (results root; default the repository).
+# Parameters (environment):
+#   MODES          "vanilla spotlight"
+#   SEEDS          "0" (several: each mode's seeds; with PAIR, one-core runs go side by side while cores last)
+#   SPOT_DEVICES   8: N spot devices behind the trainer, one core each
+#   CONTROL_CORES  unset: every core the runs leave goes to Ray's control plane; 0: Ray on the spot cores
+#   PAIR           1: vanilla on a core of its own beside spotlight, so both fit the 10 minutes; 0: in turn
+#   MAX_WALL_S     240: training seconds per run (a run cut there counts as not reached)
+#   GAIN           0.10: target = the base model's validation strict accuracy + GAIN
+#   EVAL_SEEDS     10: validation seeds per prompt (80 prompts)
+#   MERGE          an earlier JSON (default: the repository's benchmarks/results/time_to_target_1x8.json)
+#   OUT            results root (default: the repository; the device tool's $OUT comes back)
+#   PYTHON         default .venv/bin/python, else python3
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
@@ -51,9 +58,10 @@ if ! "$PYTHON" -c "import ray, diffusers, pydantic" 2>/dev/null; then
     site="${TMPDIR:-/tmp}/spotlight-site"
     rm -rf "$site" && mkdir -p "$site" && tar -xJf "$BUNDLE" -C "$site"
     export PYTHONPATH="$site:$PYTHONPATH"
-    "$PYTHON" -c "import ray, diffusers, pydantic, spotlight" || {
-        echo "run_1x8: the bundle does not import under $("$PYTHON" -V 2>&1) (it holds cp312 wheels): use Python 3.12" >&2
-        exit 2; }
+    if ! error=$("$PYTHON" -c "import ray, diffusers, pydantic, spotlight" 2>&1); then
+        echo "run_1x8: with the bundle, $("$PYTHON" -V 2>&1) still fails to import ($(tail -n 1 <<< "$error")): the bundle holds cp312 wheels of what the device machine's image lacks (diffusers, ray, pydantic and their dependencies); use Python 3.12, or add the missing package's wheel to WHEELS and re-run prepare" >&2
+        exit 2
+    fi
 fi
 export RAY_AUTH_MODE=disabled
 echo "set-up: $(( $(date +%s) - started )) s; $("$PYTHON" -V 2>&1); $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -62,7 +70,7 @@ results="${OUT:-$REPO}/benchmarks/results"
 mkdir -p "$results"
 json="$results/time_to_target_1x8.json"
 merge="${MERGE:-$REPO/benchmarks/results/time_to_target_1x8.json}"
-args=(--modes vanilla spotlight --seeds "${SEED:-0}" --spot-devices "${SPOT_DEVICES:-8}"
+args=(--modes ${MODES:-vanilla spotlight} --seeds ${SEEDS:-0} --spot-devices "${SPOT_DEVICES:-8}"
       --max-wall-s "${MAX_WALL_S:-240}" --gain "${GAIN:-0.10}" --eval-seeds "${EVAL_SEEDS:-10}"
       --runs-dir runs/time-to-target-1x8 --out "$json")
 [[ -n "${CONTROL_CORES:-}" ]] && args+=(--control-cores "$CONTROL_CORES")

@@ -269,7 +269,9 @@ def explore_report(outcomes: list[dict], summary: dict, config: TrainConfig,
                    args: argparse.Namespace) -> tuple[dict | None, dict | None]:
     """Print and return the exploration at 1 + N and the simulator's prediction (`exploration_report.py`)."""
     sync_std, _ = reference_rows(args.reference)
-    exploration = summarise_exploration(outcomes, "spotlight", sync_std, config.explore.staleness_floor)
+    planner = config.explore.planner or config.runtime.planner
+    exploration = summarise_exploration(outcomes, "spotlight", sync_std, config.explore.staleness_floor,
+                                        max(planner.num_candidates))
     prediction = summarise_predictions(outcomes)
     measured = {mode: {"iterations": row["iterations_to_target"]["median"], "wall_s": row["wall_s_to_target"]["median"],
                        "wall_vs_vanilla": row.get("wall_s_to_target_vs_vanilla")} for mode, row in summary.items()}
@@ -299,7 +301,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="the 1 + 1 table: sync-explore's group std to compare with, and the runs the "
                              "simulator's alpha is fitted to")
     parser.add_argument("--pair", action="store_true",
-                        help="two one-device runs at once, one per core (faster; not for quoted numbers)")
+                        help="runs side by side while their cores fit --cores (faster; they share memory bandwidth)")
     parser.add_argument("--runs-dir", default="runs/time-to-target")
     parser.add_argument("--out", default=None, help="default: benchmarks/results/time_to_target[_strict].json")
     parser.add_argument("--analyse-only", action="store_true",
