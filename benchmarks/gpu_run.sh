@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results}
 MODELS=${MODELS:-sd35m}
 SITE_TAR=${SITE_TAR:-.whl/py312-site.tar.xz}
-PYTHON=${PYTHON:-python}
+PYTHON=${PYTHON:-$(command -v python3 || command -v python)}
 mkdir -p "$OUT"
 
 if ! "$PYTHON" -c "import diffusers, pydantic" 2>/dev/null; then
