@@ -267,7 +267,10 @@ def print_table(result: dict[str, Any]) -> None:
     rows += [("spotlight iteration s", spot["iteration_s_median"]),
              *((key.replace("_", " "), ratios[key]) for key in ratios),
              ("peak memory GiB", None if spot["peak_memory_bytes"] is None else spot["peak_memory_bytes"] / 2**30),
-             ("estimate GiB", None if spot["estimate_bytes"] is None else spot["estimate_bytes"] / 2**30)]
+             ("estimate GiB", None if spot["estimate_bytes"] is None else spot["estimate_bytes"] / 2**30),
+             ("timed iterations", f"{spot['timed_iterations']}" + (" (the warm-up: no other fit the time budget)"
+                                                                   if spot["measured_cold"] else "")),
+             ("total s", f"{result['total_s']:.0f} (budget {result['time_budget_s']:.0f})")]
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {show(value)}")
@@ -338,6 +341,7 @@ def measure(args: argparse.Namespace) -> int:
         "setup_s": setup_s, "pipeline_built": built, "total_s": time.perf_counter() - started,
         "reference": reference, "spotlight": spot, "derived": derived(reference, spot, peak),
     }
+    result["time_budget_s"] = args.time_budget_s
     result["within_time_budget"] = result["total_s"] <= args.time_budget_s
     write_result(args.out, result)
     print_table(result)
