@@ -54,6 +54,10 @@ class SpotlightGroup(TyperGroup):
                           highlight=False, soft_wrap=True)
             raise typer.Exit(errors.EXIT_INTERRUPTED) from None
         except Exception as error:  # the one place where every other failure becomes one line
+            stopped = errors.stopped_by_signal(error)  # SIGTERM / SIGINT: what was saved, how to continue
+            if stopped is not None:
+                console.print(escape(stopped[0]), highlight=False, soft_wrap=True)
+                raise typer.Exit(stopped[1]) from None
             state = ctx.obj if isinstance(ctx.obj, CommandState) else CommandState()
             if state.debug:
                 traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
@@ -119,6 +123,15 @@ def _train_progress(terminal: TextIO, state: ProgressState) -> Live:
                 redirect_stdout=False, redirect_stderr=False)
 
 
+def _stop_line(line: Live) -> None:
+    """Stop the progress line and end its line, so what follows (a stop's line, an error) starts one of its own
+    (rich ends it on a terminal only)."""
+    started = line.is_started
+    line.stop()
+    if started and not line.console.is_terminal:
+        line.console.file.write("\n")
+
+
 def _summary_table(summary: Any) -> Table:
     """Validations of the run: the score that picks the best model first (strict accuracy only where the
     reward defines one; a reward without a strict flag has no strict column, its mean reward is the score)."""
@@ -170,7 +183,7 @@ def train(
         line = _train_progress(terminal, state)
         # Spotlight's warnings print above the progress line, through the console that draws it.
         stack.enter_context(log_to(run_log, AboveTheLine(line.console)))
-        stack.callback(line.stop)
+        stack.callback(_stop_line, line)
         if estimate is not None and cfg.device == "cpu":
             logging.getLogger(__name__).info(estimate.summary(None))
 

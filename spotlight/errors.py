@@ -5,7 +5,9 @@
   ``error: <message>`` and the command exits 2.
 - Anything else is a bug or a library failing: one line naming the exception and the log file that
   keeps its traceback, exit 1. ``spotlight --debug ...`` prints the traceback as well.
-- Ctrl-C prints one line and exits 130; what the run wrote stays readable.
+- Ctrl-C prints one line and exits 130; what the run wrote stays readable. ``spotlight train`` turns
+  SIGTERM and SIGINT into a stop that saves a checkpoint first (`spotlight.components.stop_signals`):
+  its one line names the checkpoint and the ``--resume`` command, exit 128 + the signal (143, 130).
 
 The known error types are looked up by name in the modules already imported, so this module imports
 none of them (the CLI stays fast to start, and an error type can only match if its module ran).
@@ -21,7 +23,7 @@ import traceback
 from pathlib import Path
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_KNOWN", "EXIT_UNEXPECTED", "crash_log_path", "is_known", "one_line",
-           "write_traceback"]
+           "stopped_by_signal", "write_traceback"]
 
 EXIT_KNOWN = 2
 EXIT_UNEXPECTED = 1
@@ -34,6 +36,7 @@ KNOWN_ERRORS = (
     ("spotlight.rewards.base", "RewardError"),
     ("spotlight.loop.trainer", "RunError"),
     ("spotlight.components.run_dir", "RunDirError"),
+    ("spotlight.components.fingerprint", "ModelFilesError"),
     ("spotlight.market.traces", "TraceError"),
     ("spotlight.market.prices", "PriceError"),
     ("spotlight.runtime.spot.pools", "PoolError"),
@@ -52,6 +55,14 @@ def is_known(error: BaseException) -> bool:
         if isinstance(error_type, type) and isinstance(error, error_type):
             return True
     return False
+
+
+def stopped_by_signal(error: BaseException) -> tuple[str, int] | None:
+    """(its line, its exit code) if ``error`` is a run that a signal stopped after saving, else None."""
+    stopped = getattr(sys.modules.get("spotlight.components.stop_signals"), "RunStopped", None)
+    if isinstance(stopped, type) and isinstance(error, stopped):
+        return error.line, error.exit_code  # type: ignore[attr-defined]
+    return None
 
 
 def one_line(error: BaseException) -> str:

@@ -5,7 +5,10 @@ what ran, and metrics that survive a kill mid-line.
   it when the process dies (SIGKILL included), so a crashed run never blocks its own ``--resume``.
 - `check_resume_config`: ``--resume`` continues the run ``config.yaml`` describes; a config that
   differs in a field that changes the numbers (seed, mode, learning rate, ...) is refused, so the
-  record never lies about what produced the weights. `SAFE_TO_CHANGE` lists what may differ.
+  record never lies about what produced the weights. `SAFE_TO_CHANGE` lists what may differ. Paths are
+  compared as files, not strings: ``run_dir`` is where the run is now (it may have been moved or
+  copied), two spellings of one path are equal, and the model folder is compared by its contents
+  (`spotlight.components.fingerprint`), so a moved model passes and replaced weights do not.
 - `read_metrics`: ``metrics.jsonl`` is appended line by line; a process killed mid-write leaves a torn
   last line, which is dropped with a warning (its iteration is redone after the checkpoint).
 """
@@ -21,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from spotlight.components.fingerprint import check_same_model
 from spotlight.config import TrainConfig, parse_config
 from spotlight.schema import ConfigError
 
@@ -120,11 +124,20 @@ def _safe(field: str) -> bool:
     return any(field == safe or (safe.endswith(".*") and field.startswith(safe[:-1])) for safe in SAFE_TO_CHANGE)
 
 
+def _same_path(before: Any, now: Any) -> bool:
+    """Two spellings of one file or folder (relative and absolute, through a link), seen from here."""
+    if not (isinstance(before, str) and isinstance(now, str)):
+        return False
+    return os.path.realpath(os.path.expanduser(before)) == os.path.realpath(os.path.expanduser(now))
+
+
 def check_resume_config(saved_path: Path, config: TrainConfig) -> None:
     """Refuse (one-line `RunDirError`) a resume whose config differs from the run's in an unsafe field.
 
     Both sides go through the same validation, so a field the saved file leaves at its default
-    compares equal to the same default given explicitly.
+    compares equal to the same default given explicitly. ``run_dir`` never counts (the run is where its
+    files are), paths count as the files they name, and the model folder by its contents: a folder with
+    other weights is a one-line `ModelFilesError`, the same weights elsewhere pass.
     """
     if not saved_path.is_file():
         if not (saved_path.parent / "checkpoints").is_dir():
@@ -137,9 +150,12 @@ def check_resume_config(saved_path: Path, config: TrainConfig) -> None:
     except (ConfigError, yaml.YAMLError, UnicodeDecodeError) as error:
         raise RunDirError(f"--resume: the run's own {saved_path} no longer loads ({' '.join(str(error).split())}); "
                           "start a new run_dir") from None
+    same_model = check_same_model(saved_path.parent, config)  # its recorded fingerprint against the folder now
+    moved = {"run_dir", *(("model.pretrained", "base_checkpoint") if same_model else ())}
     before, now = _flatten(saved.model_dump(mode="json")), _flatten(config.model_dump(mode="json"))
     changed = sorted(field for field in before.keys() | now.keys()
-                     if before.get(field) != now.get(field) and not _safe(field))
+                     if before.get(field) != now.get(field) and not _safe(field) and field not in moved
+                     and not _same_path(before.get(field), now.get(field)))
     if changed:
         shown = ", ".join(f"{field} {before.get(field)!r} -> {now.get(field)!r}" for field in changed[:4])
         more = f" (+{len(changed) - 4} more)" if len(changed) > 4 else ""

@@ -71,6 +71,8 @@ from spotlight.components.manifest import write_text_durably
 from spotlight.rl.rollout_update import build_optimizer, rollout_update
 from spotlight.loop.rollout import Rollout, rollout_plan, score_rollout
 from spotlight.components.run_dir import RunDirLock, check_resume_config, read_metrics, write_failed
+from spotlight.components.stop_signals import StopRequest, stoppable
+from spotlight.components.fingerprint import record_model
 from spotlight.run_error import RunError
 from spotlight.runtime.cores import pinned
 from spotlight.loop.seed_choice import Exploration
@@ -130,6 +132,7 @@ class Trainer:
     def __init__(self, config: TrainConfig, reward: Reward | None = None, resume: bool = False) -> None:
         check_backend(config, resume)
         self.config = config
+        self.stop = StopRequest(config.runtime.stop_grace_s)  # `train` sets the one its signal handlers feed
         torch.manual_seed(config.seed)
         torch.set_num_threads(1 if config.pin_devices else config.num_threads)
         self.run_dir = Path(config.run_dir)
@@ -137,6 +140,8 @@ class Trainer:
         try:
             if resume:  # before anything is loaded or written: a resume must not change what ran
                 check_resume_config(self.run_dir / "config.yaml", config)
+            else:  # damaged model files named before a library reads them; their fingerprint kept for --resume
+                record_model(self.run_dir, config)
             self._setup(config, reward, resume)
             self.backend = open_backend(TrainerView(
                 config, self.sampler, self.previous, self.eval_model, self.reward, self.train_prompts, self.planner,
@@ -288,12 +293,14 @@ class Trainer:
         metrics_file = (self.run_dir / "metrics.jsonl").open("a")
         wall_s = self.history[-1]["time/wall_s"] if self.history else 0.0
         try:
-            if self.start_iteration == 0:
+            if self.start_iteration == 0 and not self.history:  # (a run stopped at 0 has its validation)
                 record = {"iteration": 0, "time/wall_s": 0.0, **self.validate(0)}
                 self._log(metrics_file, record, on_iteration)
             for iteration in range(self.start_iteration, config.iterations):
+                self.stop.check(iteration, self.run_dir, self.checkpoint)  # SIGTERM/SIGINT: save, end
                 step_started = time.perf_counter()
-                record = self.iteration(iteration)
+                with self.stop.abandonable():  # past the grace, a stop signal's timer cuts the iteration
+                    record = self.iteration(iteration)
                 wall_s += time.perf_counter() - step_started
                 record["time/wall_s"] = wall_s
                 done = iteration + 1
@@ -436,6 +443,7 @@ class Trainer:
 
     def checkpoint(self, done: int) -> None:
         """Write the checkpoint after ``done`` iterations: weights, optimizer, EMA and the loop's state."""
+        started = time.perf_counter()  # a stop signal keeps back twice this of its grace
         try:
             save_training_checkpoint(self.run_dir, done, self.model, self.optimizer, self.ema, {
                 **self.versions.extra_state(), "monitor": self.monitor.state_dict(),
@@ -444,6 +452,7 @@ class Trainer:
                 "backend": self.backend.state_dict()})
         except OSError as error:  # disk full, read-only: one line; the checkpoint before this one stays
             raise write_failed(self.run_dir / "checkpoints", error, self.run_dir) from error
+        self.stop.observe_checkpoint(time.perf_counter() - started)
 
     def _log(self, metrics_file, record: dict[str, Any], on_iteration) -> None:
         self.history.append(record)
@@ -461,7 +470,8 @@ def train(config: TrainConfig, resume: bool = False, reward: Reward | None = Non
     """Run ``spotlight train`` for a config: a thin wrapper for the CLI and tests.
 
     Modes spot-rollout and spotlight (and the others with ``runtime.use_ray``) sample on the Ray
-    device pools (`spotlight.backends.ray`); the rest in this process.
+    device pools (`spotlight.backends.ray`); the rest in this process. SIGTERM / SIGINT: a checkpoint, then RunStopped.
     """
     with pinned(config.device_core(0), config.num_threads):  # this process is the trainer's device
-        return Trainer(config, reward=reward, resume=resume).run(on_iteration, max_wall_s=config.runtime.max_wall_s)
+        return stoppable(config.runtime.stop_grace_s, Path(config.run_dir), lambda: Trainer(config, reward, resume),
+                         lambda trainer: trainer.run(on_iteration, config.runtime.max_wall_s), config.iterations)

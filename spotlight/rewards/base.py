@@ -174,8 +174,8 @@ def guarded_score(reward: Reward, images: torch.Tensor, prompts: Sequence[str],
             cause = _one_line(first_failure)
         elif non_finite.any():
             cause = "it returned non-finite rewards"
-        else:
-            cause = "it marked every sample invalid"
+        else:  # the reward's own reason, e.g. a deadline passed (rewards/deadline.py)
+            cause = f"it marked every sample invalid: {errors[0]}" if errors else "it marked every sample invalid"
         raise RewardError(
             f"reward {reward.name!r} failed on all {batch} samples ({cause}); "
             "fix the reward or its inputs (images float (B, 3, H, W) in [0, 1], prompts of its task)"

@@ -46,10 +46,11 @@ def build_named(name: str, section: RewardSection, task_default: TaskReward | No
 
         assert section.url is not None  # RewardSection refuses http without a url
         return connect_http_reward(section.url, section.deadline_s, section.retries)
-    if ":" in name:
+    if ":" in name:  # the user's code: each call bounded by reward.deadline_s (rewards/deadline.py)
+        from spotlight.rewards.deadline import DeadlineReward
         from spotlight.rewards.function import FunctionReward
 
-        return FunctionReward(name)
+        return DeadlineReward(FunctionReward(name), section.deadline_s, section.retries)
     return _BUILDERS[name](section)
 
 

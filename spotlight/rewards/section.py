@@ -64,8 +64,9 @@ class RewardSection(Section):
     strict_weight: float = Field(0.5, ge=0, le=1)
     weights: dict[str, float] | None = None  # composite: {ocr: 1.0, clipscore: 0.5}; the sum of weighted terms
     url: str | None = None  # http: the `spotlight serve-reward` address, e.g. http://10.0.0.5:8765
-    deadline_s: float = Field(60.0, gt=0)  # http: one request's whole time (connect, send, score, read)
-    retries: int = Field(2, ge=0)  # http: attempts after the first
+    # http: one request's whole time (connect, send, score, read); pkg.module:function: one call's (rewards/deadline.py)
+    deadline_s: float = Field(60.0, gt=0)
+    retries: int = Field(2, ge=0)  # http and pkg.module:function: attempts after the first
     device: str = "cpu"  # where model-based rewards run: cpu, cuda, cuda:1
     batch_size: int = Field(32, ge=1)  # images per forward pass of a model-based reward
     models: RewardModelsSection = RewardModelsSection()

@@ -47,6 +47,9 @@ class RuntimeSection(Section):
     spot node's agent keeps k device processes, `spotlight.runtime.sp.elastic`), re-formed after
     each preemption and logged to run_dir/reconfigurations.jsonl; the rollout then runs on the
     on-demand device only. It must divide the model's attention heads (local cluster only).
+    ``stop_grace_s``: after SIGTERM or SIGINT, the time within which the run saves a checkpoint and
+    stops its Ray processes (a scheduler's grace before its SIGKILL: Kubernetes' default is 30 s); an
+    iteration that would not end in time is abandoned (`spotlight.components.stop_signals`).
     ``cloud``, ``metadata_url``, ``watch_interval_s`` (attached clusters only): every spot node runs
     a preemption watcher (`spotlight.runtime.spot.watchers`) that polls that cloud's metadata service
     (``auto``: detected on each node; ``none``: no watcher) at its own address, or at
@@ -60,6 +63,7 @@ class RuntimeSection(Section):
     time_scale: float = Field(1 / 60, gt=0)
     grace_s: float = Field(2.0, ge=0)
     max_wall_s: float | None = Field(900.0, gt=0)
+    stop_grace_s: float = Field(25.0, gt=0)
     lease_timeout_s: float = Field(10.0, gt=0)
     worker_capacity: int = Field(32, ge=1)
     forward_batch: int = Field(16, ge=1)

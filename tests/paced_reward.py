@@ -1,0 +1,20 @@
+"""A reward function for the stop tests (`pkg.module:function` rewards, imported by name).
+
+``paced``: each image's mean pixel value after a pause of ``PACE_S`` seconds (environment; 0 by default), so
+that a test can land a signal inside an iteration.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+
+def paced(images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> torch.Tensor:
+    """Mean pixel value per image, after ``PACE_S`` seconds."""
+    time.sleep(float(os.environ.get("PACE_S", "0")))
+    return images.mean(dim=(1, 2, 3))
+
+
