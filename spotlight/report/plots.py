@@ -112,28 +112,36 @@ def _line_panel(key: str, title: str, runs: list[Run], metrics: list[tuple[str, 
     return Panel(key, title, _png(figure), "; ".join(note for note in notes if note))
 
 
+def _score_label(runs: list[Run]) -> str:
+    """What the runs' validation score is (the one that picks the best model): one name, or both."""
+    names = sorted({run.validation_scores()[2] for run in runs})
+    return "val " + " / ".join(names)
+
+
 def accuracy_vs_wall_time(runs: list[Run]) -> Panel:
-    title = "Validation strict accuracy vs wall time"
-    if not any(run.series("val/strict_accuracy", "time/wall_s")[0] for run in runs):
+    label = _score_label(runs)
+    title = f"Validation score ({label[4:]}) vs wall time"
+    if not any(run.series(run.score_key, "time/wall_s")[0] for run in runs):
         return Panel("accuracy-wall", title, None, f"{NOT_LOGGED}: no run logs val/strict_accuracy with time/wall_s")
     scale, unit = _time_unit(max(run.last("time/wall_s") or 0.0 for run in runs))
     figure = Figure(figsize=(7.5, 3.6), layout="constrained")
     ax = figure.subplots()
-    drawn = _overlay(ax, runs, lambda run: run.series("val/strict_accuracy", "time/wall_s"), x_scale=scale)
+    drawn = _overlay(ax, runs, lambda run: run.series(run.score_key, "time/wall_s"), x_scale=scale)
     ax.set_xlabel(f"wall time ({unit})")
-    ax.set_ylabel("val strict accuracy")
+    ax.set_ylabel(label)
     return Panel("accuracy-wall", title, _png(figure), _missing_note(runs, drawn, "val/strict_accuracy"))
 
 
 def accuracy_vs_cost(runs: list[Run]) -> Panel:
-    title = "Validation strict accuracy vs cost"
+    label = _score_label(runs)
+    title = f"Validation score ({label[4:]}) vs cost"
     if not any(run.accuracy_vs_cost()[0] for run in runs):
         return Panel("accuracy-cost", title, None, f"{NOT_LOGGED}: no run logs cost/usd")
     figure = Figure(figsize=(7.5, 3.6), layout="constrained")
     ax = figure.subplots()
     drawn = _overlay(ax, runs, Run.accuracy_vs_cost)
     ax.set_xlabel("cumulative cost (USD)")
-    ax.set_ylabel("val strict accuracy")
+    ax.set_ylabel(label)
     return Panel("accuracy-cost", title, _png(figure), _missing_note(runs, drawn, "cost/usd"))
 
 

@@ -38,15 +38,17 @@ class Run:
         value = _number(self.totals.get(key))
         return value if value is not None else self.last(per_iteration)
 
+    @property
+    def score_key(self) -> str:
+        """The metric of the score that picked the best model: ``val/score``, or for older runs strict accuracy."""
+        return "val/score" if self.has("val/score") else "val/strict_accuracy"
+
     def validation_scores(self) -> tuple[list[float], list[float], str]:
         """(iterations, scores, name) of the score that picked the best model: strict accuracy, or the mean
         reward of a reward without a strict flag (``val/score``; older runs logged strict accuracy only)."""
-        if self.has("val/score"):
-            strict = all(bool(row.get("val/score_is_strict", 1.0)) for row in self.rows if "val/score" in row)
-            iterations, scores = self.series("val/score")
-            return iterations, scores, "strict accuracy" if strict else "mean reward"
-        iterations, scores = self.series("val/strict_accuracy")
-        return iterations, scores, "strict accuracy"
+        strict = all(bool(row.get("val/score_is_strict", 1.0)) for row in self.rows if "val/score" in row)
+        iterations, scores = self.series(self.score_key)
+        return iterations, scores, "strict accuracy" if strict else "mean reward"
 
     def series(self, y_key: str, x_key: str = "iteration") -> tuple[list[float], list[float]]:
         """(xs, ys) over the rows that log both keys as finite numbers; empty lists mean "not logged"."""
@@ -77,7 +79,7 @@ class Run:
         for row in self.rows:
             cost = _number(row.get("cost/usd"))
             last_cost = cost if cost is not None else last_cost
-            accuracy = _number(row.get("val/strict_accuracy"))
+            accuracy = _number(row.get(self.score_key))
             if accuracy is None:
                 continue
             if last_cost is None and _number(row.get("time/wall_s")) == 0.0:

@@ -133,3 +133,19 @@ def test_report_cli_of_a_directory_of_runs_says_to_pass_the_runs(tmp_path):
     make_run(tmp_path / "sweep", "seed0", [0.1, 0.3], spotlight=False)
     result = runner.invoke(app, ["report", str(tmp_path / "sweep")])
     assert result.exit_code == 2 and f"pass {tmp_path / 'sweep'}/* instead" in result.output, result.output
+
+
+def test_a_reward_without_a_strict_flag_is_reported_by_its_mean_reward_with_spot_use_over_held_time(tmp_path):
+    """The score that picked the best model, named; spot busy / held and the held fraction from summary.json."""
+    run = make_run(tmp_path, "brightness", [0.0, 0.0], spotlight=True)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for row, score in zip([r for r in rows if "val/strict_accuracy" in r], (0.31, 0.47), strict=True):
+        row.update({"val/score": score, "val/score_is_strict": 0.0})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (run / "summary.json").write_text(json.dumps({"mode": "spotlight", "util/spot": 0.92,
+                                                  "util/spot_held_fraction": 0.5}))
+    page = write_report([run], tmp_path / "report.html").read_text()
+    row = table_row(page, "brightness")
+    assert "mean reward" in row and "0.470 (iter 2)" in row and "0.000" not in row
+    assert '<td class="spot-util">0.92</td>' in row and '<td class="spot-held">0.50</td>' in row
+    assert "Validation score (mean reward)" in page
