@@ -283,11 +283,17 @@ class TrainConfig(Section):
                              f"core(s) {cores} are given (device_cores or this process's cores): lower "
                              f"trainer.devices to {len(cores)}, or set pin_devices false")
         if self.mode is Mode.DISAGGREGATED:
-            raise ValueError(f"trainer.devices={devices}: mode disaggregated trains on one rank for now "
-                             "(its grouped update is not split over ranks yet): set trainer.devices 1")
+            raise ValueError(f"trainer.devices={devices}: mode disaggregated trains on one rank (its generators stream "
+                             "each finished group to one trainer process, which steps as groups arrive; K ranks would "
+                             "need every group on every rank in one order): set trainer.devices 1, or use mode "
+                             "vanilla or spotlight with K ranks")
+        diffusers = self.model.pretrained is not None or self.model.family != "tinydit"
+        if self.trainer.sharding == "fsdp" and diffusers and self.model.finetune == "lora":
+            raise ValueError("trainer.sharding fsdp with model.finetune lora: LoRA trains with ddp (only its adapters' "
+                             "gradients are all-reduced; the frozen base needs no sharding): set trainer.sharding ddp")
         if self.trainer.sharding == "fsdp":
-            raise ValueError(f"trainer.devices={devices} with trainer.sharding fsdp: the loop trains with ddp for "
-                             "now (FSDP2's update is spotlight/ranks/data_parallel.sharded): set trainer.sharding ddp")
+            raise ValueError(f"trainer.devices={devices} with trainer.sharding fsdp: not in the loop yet (θ_old, the "
+                             "reference, the EMA and checkpoints are still whole on rank 0): set trainer.sharding ddp")
         return self
 
     @property

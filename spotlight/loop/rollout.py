@@ -17,7 +17,7 @@ from spotlight.disagg.groups import AssembledGroup
 from spotlight.models.generation import generate, images_of, prompt_tokens
 from spotlight.models.loop_model import LoopModel
 from spotlight.models.pipelines.folder import read_pipeline_folder
-from spotlight.rewards.base import Reward, guarded_score
+from spotlight.rewards.base import Reward, RewardOutput, guarded_score
 from spotlight.rewards.composite import term_metrics
 from spotlight.rl.advantages import group_advantages
 from spotlight.rl.grpo import RolloutBatch
@@ -93,13 +93,18 @@ def group_metrics(groups: Sequence[AssembledGroup]) -> dict[str, float]:
 
 
 def score_rollout(model: LoopModel, prompts: list[str], seeds: torch.Tensor, trajectory: Trajectory,
-                  config: TrainConfig, reward: Reward) -> Rollout:
-    """Score sampled groups (``trajectory`` in `group_requests` order, from any devices) and compute advantages."""
+                  config: TrainConfig, reward: Reward, scored: RewardOutput | None = None) -> Rollout:
+    """Score sampled groups (``trajectory`` in `group_requests` order, from any devices) and compute advantages.
+
+    ``scored``: the samples' rewards when they were scored where they were sampled (K trainer ranks,
+    `spotlight.ranks.rollout`); the advantages are still computed here, on the whole (P, G) table.
+    """
     num_prompts, group_size = seeds.shape
     section = config.rollout
     plan = rollout_plan(config)
     expanded, _ = group_requests(prompts, seeds)
-    scored = guarded_score(reward, images_of(model, trajectory.final), expanded)
+    if scored is None:
+        scored = guarded_score(reward, images_of(model, trajectory.final), expanded)
     rewards = scored.rewards.reshape(num_prompts, group_size)
     valid = scored.valid.reshape(num_prompts, group_size)
     advantages = group_advantages(rewards, valid, config.train.adv_std, config.train.adv_clip)

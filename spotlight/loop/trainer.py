@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from spotlight.backends import TrainerView, check_backend, open_backend
+from spotlight.diffusion.sampler import Trajectory
 from spotlight.disagg.runtime.stream import GroupStream
 from spotlight.models.base_policy import build_policy
 from spotlight.config import TrainConfig, TrainSection, dump_config
@@ -55,8 +56,9 @@ from spotlight.explore.staleness import StalenessMonitor
 from spotlight.models.loop_model import LoopModel
 from spotlight.loop.policy_versions import PolicyVersions
 from spotlight.ranks.group import TrainerRanks
+from spotlight.ranks.rollout import score_share
 from spotlight.report.grid import save_grid
-from spotlight.rewards.base import Reward
+from spotlight.rewards.base import Reward, RewardOutput
 from spotlight.rewards.registry import build_reward
 from spotlight.components.checkpoint import (
     latest_checkpoint,
@@ -150,7 +152,8 @@ class Trainer:
                 self.backend.load_state_dict(self.backend_state)
             self.ranks = None  # trainer.devices K > 1: this process is rank 0 of K (spotlight/ranks/group.py)
             if config.trainer.devices > 1:
-                self.ranks = TrainerRanks(config, self.model, self.optimizer)
+                self.ranks = TrainerRanks(config, self.model, self.optimizer,
+                                         None if reward is None else self.reward)
                 self.ranks.synchronise()
         except BaseException:
             try:
@@ -389,6 +392,14 @@ class Trainer:
         """The scored rollout: sampled and scored whole now, or (disaggregated) groups streamed to the update."""
         if self.config.mode.streams_groups:
             return self.backend.rollout_stream(iteration, prompts, seeds, self.optimizer)
+        if self.ranks is not None:  # K ranks: each samples and scores its share of the groups (spotlight/ranks/)
+            def here(part_prompts: list[str], part_seeds: torch.Tensor) -> tuple[Trajectory, RewardOutput]:
+                samples = self.backend.rollout(iteration, part_prompts, part_seeds)  # with any spot devices
+                return samples, score_share(self.model, part_prompts, part_seeds, samples, self.reward)
+
+            trailing = self.sampler.broadcast_state() if self.versions.sampler_trails else None
+            samples, rewards = self.ranks.rollout(iteration, prompts, seeds, trailing, here)
+            return score_rollout(self.model, prompts, seeds, samples, self.config, self.reward, rewards)
         samples = self.backend.rollout(iteration, prompts, seeds)
         return score_rollout(self.model, prompts, seeds, samples, self.config, self.reward)  # reward → advantages
 
@@ -430,7 +441,7 @@ class Trainer:
         if self.ranks is None:
             update = step(self.model, section)
         else:  # K ranks: each its share of every minibatch's rows, the gradients summed (spotlight/ranks/)
-            update = self.ranks.update(iteration, scored.batch, self.previous.broadcast_state(), step, section)
+            update = self.ranks.update(iteration, scored.batch, step, section)  # θ_old,i: set by their rollout
         self.budget_s = time.perf_counter() - started
         if self.trust.target is not None:
             update["train/kl_beta"] = self.trust.beta

@@ -5,10 +5,15 @@ controller and already the trainer (it owns the loop, the backend, validation an
 mode spotlight the Ray cluster of the spot devices). ``TorchTrainer`` would run the training function
 in K workers of its own and make the driver a bystander: the loop would have to run inside a worker,
 apart from the backend it drives. Here the loop stays in the driver (`Trainer.iteration`, written once)
-and the other ranks are remote hands for one call, ``update``: each gets the scored rollout and θ_old,
-and runs the same update (`spotlight.rl.rollout_update`) on its share of the rows, the gradients meeting
-in DDP (`spotlight.ranks.data_parallel`). Rank 0 validates, checkpoints and logs; a checkpoint is the
-plain policy, so any K' loads it.
+and the other ranks are remote hands for two calls an iteration:
+
+    rollout   each rank samples and scores its share of the groups with the seeds the loop chose for
+              them (`spotlight.ranks.rollout`; rank 0 through the backend, with any spot devices), and
+              sets θ_old,i (the sampling policy: its own θ_i, or the trailing copy the driver sends)
+    update    each gets the whole scored rollout and runs the same update (`spotlight.rl.rollout_update`)
+              on its share of the rows, the gradients meeting in DDP (`spotlight.ranks.data_parallel`)
+
+Rank 0 validates, checkpoints and logs; a checkpoint is the plain policy, so any K' loads it.
 
 The ranks' weights and optimizer state are the driver's: sent whole at the start, after ``--resume`` and
 after a guard rollback (`synchronise`), and kept equal by every DDP step since (the same reduced
@@ -24,6 +29,7 @@ import json
 import logging
 import os
 import socket
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,9 +38,13 @@ import ray
 import torch
 import torch.distributed as dist
 
-from spotlight.ranks.data_parallel import RankShare, data_parallel
-from spotlight.rl.grpo import RolloutBatch
 from spotlight.components.manifest import write_text_durably
+from spotlight.diffusion.sampler import Trajectory
+from spotlight.ranks.data_parallel import RankShare, data_parallel
+from spotlight.ranks.placement import placement_error, process_group_backend, rank_options
+from spotlight.ranks.rollout import concat_outputs, concat_trajectories, prompt_shares, rank_reward, sample_share
+from spotlight.rewards.base import Reward, RewardOutput
+from spotlight.rl.grpo import RolloutBatch
 from spotlight.run_error import RunError
 
 __all__ = ["COLLECTIVE_TIMEOUT_S", "TrainerRanks"]
@@ -50,16 +60,18 @@ SUMMED_METRICS = ("train/loss", "train/kl", "train/policy_loss", "train/clip_fra
 
 
 def join_group(device: str, address: str, rank: int, world_size: int) -> None:
-    """Join the K ranks' process group: NCCL on GPUs, gloo on the CPU."""
-    backend = "nccl" if device == "cuda" else "gloo"
-    dist.init_process_group(backend, init_method=address, rank=rank, world_size=world_size,
+    """Join the K ranks' process group (`process_group_backend`: NCCL on GPUs, gloo on the CPU)."""
+    dist.init_process_group(process_group_backend(device), init_method=address, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
 
 
 class TrainerRank:
-    """Rank k ≥ 1 (a Ray actor): the policy, θ_old, the frozen reference and the optimizer, replicas of the driver's."""
+    """Rank k ≥ 1 (a Ray actor): the policy, θ_old, the frozen reference and the optimizer, replicas of the driver's.
 
-    def __init__(self, config: Any, rank: int, core: int | None) -> None:
+    ``reward``: the driver's when a caller handed the trainer one; None: built here from the config.
+    """
+
+    def __init__(self, config: Any, rank: int, core: int | None, reward: Reward | None = None) -> None:
         from spotlight.models.base_policy import build_policy
         from spotlight.models.shadow import frozen_base, frozen_copy
         from spotlight.rl.rollout_update import build_optimizer, uses_reference
@@ -73,6 +85,7 @@ class TrainerRank:
         self.reference = frozen_base(self.model) if uses_reference(section) else None
         self.previous = frozen_copy(self.model)
         self.optimizer = build_optimizer(self.model, section)
+        self.reward = reward if reward is not None else rank_reward(config)
         self.trained: torch.nn.Module | None = None
 
     def pid(self) -> int:
@@ -86,13 +99,30 @@ class TrainerRank:
         self.model.load_broadcast_state(model_state)
         self.optimizer.load_state_dict(optimizer_state)
 
-    def update(self, iteration: int, batch: RolloutBatch, previous_state: dict[str, torch.Tensor],
-               section: Any) -> dict[str, float]:
-        """One update on this rank; ``section``: the loop's training section this iteration (as rank 0's)."""
-        from spotlight.rl.rollout_update import rollout_update
-        from spotlight.loop.streams import Stream, iteration_generator
+    def rollout(self, prompts: list[str], share: slice, seeds: torch.Tensor,
+                sampler_state: dict[str, torch.Tensor] | None) -> tuple[Trajectory, RewardOutput] | None:
+        """Set θ_old,i and sample and score this rank's ``share`` of the iteration's ``prompts`` with it (seeds:
+        the share's (P_r, G)); None: an empty share.
 
-        self.previous.load_broadcast_state(previous_state)
+        ``sampler_state``: the trailing sampling policy's weights (``train.old_policy_decay``); None when
+        θ_old,i is θ_i itself, which this rank already holds (every DDP step keeps it equal to rank 0's).
+        Every prompt of the iteration is encoded here now: the update conditions on all of them, and a
+        pipeline policy's prompt ids index this process's own cache of text embeddings.
+        """
+        from spotlight.models.generation import prompt_tokens
+
+        self.previous.load_broadcast_state(sampler_state if sampler_state is not None else self.model.broadcast_state())
+        prompt_tokens(self.model, prompts)
+        if share.start == share.stop:
+            return None
+        return sample_share(self.previous, prompts[share], seeds, self.config, self.reward)
+
+    def update(self, iteration: int, batch: RolloutBatch, section: Any) -> dict[str, float]:
+        """One update on this rank, θ_old,i the policy its `rollout` set; ``section``: the loop's training section
+        this iteration (as rank 0's)."""
+        from spotlight.loop.streams import Stream, iteration_generator
+        from spotlight.rl.rollout_update import rollout_update
+
         generator = iteration_generator(self.config.seed, iteration, Stream.UPDATE)
         share = RankShare(section, self.rank, self.config.trainer.devices)
         return rollout_update(self.trained, self.previous, self.reference, self.optimizer, batch, share, generator)
@@ -109,9 +139,9 @@ class TrainerRanks:
     without Ray this starts a one-node local cluster of its own.
     """
 
-    def __init__(self, config: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
+    def __init__(self, config: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 reward: Reward | None = None) -> None:
+        """``reward``: a reward object the trainer was handed (sent to every rank); None: each builds the config's."""
         self.config, self.model, self.optimizer = config, model, optimizer
         self.world_size = config.trainer.devices
         self.cluster = None
@@ -121,10 +151,13 @@ class TrainerRanks:
 
             cores = [core for core in (config.device_core(0),) if core is not None]
             self.cluster = LocalCluster(node_timeout_s=config.runtime.node_timeout_s, control_cores=cores or None)
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        rank_actor = ray.remote(num_cpus=0, max_restarts=0, scheduling_strategy=here)(TrainerRank)
         try:
-            self.actors = [rank_actor.remote(config, rank, config.rank_core(rank))
+            problem = placement_error(config.device, self.world_size, ray.available_resources())
+            if problem is not None:
+                raise RunError(problem)
+            rank_actor = ray.remote(**rank_options(config.device))(TrainerRank)
+            shipped = None if reward is None else ray.put(by_value(reward))
+            self.actors = [rank_actor.remote(config, rank, config.rank_core(rank), shipped)
                            for rank in range(1, self.world_size)]
             # a rank's process imports torch and builds the policy: as slow as a node on a loaded machine
             start_s = config.runtime.node_timeout_s
@@ -133,7 +166,7 @@ class TrainerRanks:
             # which process is which rank, for an operator (and the test that kills one)
             write_text_durably(Path(config.run_dir) / "trainer-ranks.json",
                                json.dumps({str(rank): pid for rank, pid in enumerate([os.getpid(), *pids])}))
-            address = f"tcp://127.0.0.1:{free_port()}"
+            address = rendezvous_address(config.device)
             joined = [actor.join.remote(address) for actor in self.actors]
             join_group(config.device, address, 0, self.world_size)
             self._get(joined, "joining the process group", start_s)
@@ -148,14 +181,35 @@ class TrainerRanks:
         optimizer_state = ray.put(self.optimizer.state_dict())
         self._get([actor.synchronise.remote(model_state, optimizer_state) for actor in self.actors], "synchronising")
 
-    def update(self, iteration: int, batch: RolloutBatch, previous_state: dict[str, torch.Tensor],
+    def rollout(self, iteration: int, prompts: list[str], seeds: torch.Tensor,
+                sampler_state: dict[str, torch.Tensor] | None,
+                local: Callable[[list[str], torch.Tensor], tuple[Trajectory, RewardOutput]]
+                ) -> tuple[Trajectory, RewardOutput]:
+        """Every rank samples and scores its share of the (P, G) groups (`prompt_shares`): ranks 1..K-1 remotely,
+        rank 0 by ``local(prompts, seeds)``, at the same time; the whole rollout and its rewards, in prompt order.
+
+        ``sampler_state``: θ_old,i's weights when it trails θ_i (see `TrainerRank.rollout`), else None.
+        """
+        shares = prompt_shares(len(prompts), self.world_size)
+        state_ref = None if sampler_state is None else ray.put(sampler_state)
+        calls = [actor.rollout.remote(prompts, share, seeds[share], state_ref)
+                 for actor, share in zip(self.actors, shares[1:], strict=True)]
+        here = local(prompts[shares[0]], seeds[shares[0]])
+        # the other shares took as long as rank 0's: the wait is for a loaded machine, as a rank's start
+        parts = [here, *(part for part in self._get(calls, f"sampling iteration {iteration + 1}'s rollout",
+                                                    self.config.runtime.node_timeout_s) if part is not None)]
+        return concat_trajectories([part[0] for part in parts]), concat_outputs([part[1] for part in parts])
+
+    def update(self, iteration: int, batch: RolloutBatch,
                local: Callable[[torch.nn.Module, RankShare], dict[str, float]], section: Any) -> dict[str, float]:
         """One update on every rank: ranks 1..K-1 remotely, rank 0 by ``local(trained, share)``; the run's metrics.
 
-        ``section`` is the loop's training section this iteration (the trust term's weight adapts).
+        ``section`` is the loop's training section this iteration (the trust term's weight adapts). Every
+        rank gets the whole batch: the update's shuffle is over all rows and each computes its share of
+        every minibatch (`spotlight.ranks.data_parallel`).
         """
-        batch_ref, previous_ref = ray.put(batch), ray.put(previous_state)
-        calls = [actor.update.remote(iteration, batch_ref, previous_ref, section) for actor in self.actors]
+        batch_ref = ray.put(batch)
+        calls = [actor.update.remote(iteration, batch_ref, section) for actor in self.actors]
         try:
             metrics = local(self.trained, RankShare(section, 0, self.world_size))
         except (RuntimeError, dist.DistBackendError) as error:  # a collective failed: which rank is gone?
@@ -174,9 +228,10 @@ class TrainerRanks:
             return ray.get(calls, timeout=timeout_s)
         except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError) as error:
             rank = next((k + 1 for k, call in enumerate(calls) if not _succeeded(call)), "?")
-            cause = ("died" if isinstance(error, ray.exceptions.RayActorError) else
+            cause = (f"failed to start ({init_failure(error)})" if getattr(error, "actor_init_failed", False) else
+                     "died" if isinstance(error, ray.exceptions.RayActorError) else
                      f"did not answer in {timeout_s:.0f} s (a loaded machine: raise runtime.node_timeout_s)"
-                     if isinstance(error, ray.exceptions.GetTimeoutError) else f"failed ({one_line(error)})")
+                     if isinstance(error, ray.exceptions.GetTimeoutError) else f"failed ({init_failure(error)})")
             raise RunError(f"trainer rank {rank} of {self.world_size} {cause} while {what}; the run stops: "
                            "resume from the last checkpoint with --resume (a lost device: lower trainer.devices)") \
                 from None
@@ -204,13 +259,38 @@ def _succeeded(call: Any) -> bool:
         return False
 
 
+def by_value(reward: Reward) -> Reward:
+    """``reward``, its classes from outside Spotlight marked to be pickled by value: a reward a test or script
+    defined in a module the ranks' processes cannot import (not installed, not on their path) still reaches them."""
+    from ray import cloudpickle
+
+    for value in (reward, *vars(reward).values()) if hasattr(reward, "__dict__") else (reward,):
+        module = sys.modules.get(type(value).__module__)
+        if module is not None and module.__name__.split(".")[0] not in ("spotlight", "builtins", "torch"):
+            cloudpickle.register_pickle_by_value(module)
+    return reward
+
+
+def init_failure(error: BaseException) -> str:
+    """The last line of the exception a rank's call or constructor raised (Ray wraps it in its traceback)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return one_line(Exception(lines[-1] if lines else error))
+
+
 def one_line(error: BaseException) -> str:
     text = " ".join(str(error).split())
     return text if len(text) <= 160 else text[:157] + "..."
 
 
-def free_port() -> int:
-    """A free TCP port on the loopback for the group's rendezvous."""
+def rendezvous_address(device: str) -> str:
+    """Where the ranks meet: the loopback on the CPU (every rank on this node), the driver node's address on GPUs
+    (the ranks' placement group may span nodes)."""
+    host = "127.0.0.1" if process_group_backend(device) == "gloo" else ray.util.get_node_ip_address()
+    return f"tcp://{host}:{free_port(host)}"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A free TCP port on ``host`` for the group's rendezvous."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return sock.getsockname()[1]
