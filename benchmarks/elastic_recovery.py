@@ -145,7 +145,7 @@ def cold_rank_main(rank: int, port: int, checkpoint: str, latent_path: str, out:
     import torch.distributed as dist
     from safetensors.torch import load_file
 
-    from spotlight.runtime.sp.denoise import model_on_weights, sequence_parallel_step
+    from spotlight.models.tinydit_sp import model_on_weights, sequence_parallel_step
     from spotlight.tasks.shapes import tokenize
 
     torch.set_num_threads(1)

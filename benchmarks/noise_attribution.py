@@ -32,7 +32,8 @@ from spotlight.diffusion.sampler import SamplingPlan, sample
 from spotlight.explore.candidates import exploration_sampling, score_candidates
 from spotlight.explore.planner import ExplorePlan
 from spotlight.explore.selection import select_max_variance
-from spotlight.models.generation import generate, prompt_tokens, to_images, velocity_fn
+from spotlight.models.generation import generate, prompt_tokens, velocity_fn
+from spotlight.models.policy import to_images
 from spotlight.rewards.base import Reward
 from spotlight.components.checkpoint import load_model
 from spotlight.tasks.registry import get_task

@@ -29,7 +29,8 @@ from provenance import RESULTS, git_commit, machine
 
 from spotlight.models.base_policy import build_policy
 from spotlight.config import TrainConfig, parse_config
-from spotlight.models.generation import generate, to_images
+from spotlight.models.generation import generate
+from spotlight.models.policy import to_images
 from spotlight.rewards.base import guarded_score
 from spotlight.rewards.overlap import sample_and_prefetch
 from spotlight.rewards.pool import PooledReward

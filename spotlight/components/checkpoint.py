@@ -63,9 +63,7 @@ def save_model(
     save_file(_tensors_for_saving(model.broadcast_state(), dtype), str(directory / MODEL_FILE))
     description = {**model.describe(), "metadata": metadata or {}}
     (directory / MODEL_CONFIG_FILE).write_text(json.dumps(description, indent=2))
-    save_for_other_tools = getattr(model, "save_for_diffusers", None)  # TinyDiT has no other format
-    if save_for_other_tools is not None:
-        save_for_other_tools(directory)
+    model.save_for_diffusers(directory)  # a no-op for a TinyDiT, which has no other format
 
 
 def replace_model(directory: Path, model: Policy, metadata: dict[str, Any] | None = None) -> None:

@@ -104,7 +104,7 @@ def validation_seeds(num_prompts: int, seeds_per_prompt: int) -> list[int]:
 
 def model_kind_of(model: Policy) -> KindOf | None:
     """The prompt kinds of the toy task a model was built for (its ``config.task``); None for a model of no task."""
-    task = getattr(getattr(model, "config", None), "task", "shapes")
+    task = model.config.task
     return None if task is None else get_task(task).kind_of
 
 
@@ -123,9 +123,8 @@ def evaluate(
     expanded = [prompt for prompt in prompts for _ in range(seeds_per_prompt)]
     seeds = validation_seeds(len(prompts), seeds_per_prompt)
     plan = SamplingPlan(num_steps=num_steps, shift=shift, sampler="ode")
-    own_schedule = getattr(model, "schedule", None)  # a pipeline policy's scheduler (spotlight eval CHECKPOINT)
-    if schedule is None and callable(own_schedule):
-        schedule = own_schedule()
+    if schedule is None:
+        schedule = model.schedule()  # a pipeline policy's scheduler (spotlight eval CHECKPOINT), else None
     if schedule is not None:
         plan = SamplingPlan(num_steps=num_steps, shift=schedule.shift, sampler="ode", grid_end=schedule.grid_end,
                             shift_terminal=schedule.shift_terminal)

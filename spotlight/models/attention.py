@@ -1,7 +1,7 @@
 """The attention kernel of Spotlight's DiTs, kept apart so that it can be swapped.
 
 A model calls ``attention_fn(q, k, v, key_padding_mask)`` and never knows whether it runs on one
-device or as a Ulysses sequence-parallel group (``spotlight.runtime.sp.ulysses``), which replaces this
+device or as a Ulysses sequence-parallel group (``spotlight.models.ulysses``), which replaces this
 function from outside: the model definition stays free of parallelism.
 """
 

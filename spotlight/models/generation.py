@@ -3,10 +3,9 @@
 Not a policy object (that is `spotlight.models`): this is the glue every place that generates images
 calls (the loop, exploration, evaluation, spot devices), so it is written once.
 
-A policy that brings its own conditioning and output space (a diffusers pipeline folder,
-`spotlight.models.pipelines.policy`) defines ``tokenize(prompts, guided)`` (its prompt ids) and
-``decode_images(latents)`` (its VAE); a pixel-space policy (TinyDiT, the tiny diffusers families) is
-tokenized by its task and its samples are the images.
+Every policy tokenizes its prompts and decodes its latents itself (`spotlight.models.policy`): a
+pipeline folder through its prompt ids and VAE, a pixel-space policy (TinyDiT, the tiny diffusers
+families) through its task's tokenizer, its samples being the images.
 """
 
 from __future__ import annotations
@@ -17,22 +16,17 @@ import torch
 
 from spotlight.diffusion.sampler import SamplingPlan, Trajectory, VelocityFn, sample
 from spotlight.models.policy import Policy
-from spotlight.tasks.registry import task_of
 
 
 def prompt_tokens(model: Policy, prompts: Sequence[str], guided: bool = True) -> torch.Tensor:
     """The conditioning rows (B, L) int64 of ``prompts`` for ``model``: its own ``tokenize`` (a pipeline's
     prompt ids; ``guided`` False asks for the CFG-free velocity), else its task's token ids."""
-    tokenize = getattr(model, "tokenize", None)
-    if tokenize is not None:
-        return tokenize(prompts, guided)
-    return task_of(model).tokenize(prompts, model.config.max_text_len)
+    return model.tokenize(prompts, guided)
 
 
 def images_of(model: Policy, latents: torch.Tensor) -> torch.Tensor:
     """What the reward sees: images (B, 3, H, W) in [0, 1] of sampled latents (a pipeline's VAE, else `to_images`)."""
-    decode = getattr(model, "decode_images", None)
-    return decode(latents) if decode is not None else to_images(latents)
+    return model.decode_images(latents)
 
 
 def model_device(model: Policy) -> torch.device:
@@ -75,8 +69,3 @@ def generate(
         log_probs=torch.cat([part.log_probs.cpu() for part in parts]),
         start_step=0,
     )
-
-
-def to_images(latents: torch.Tensor) -> torch.Tensor:
-    """Model space [-1, 1] to images in [0, 1], (B, 3, H, W)."""
-    return ((latents + 1.0) / 2.0).clamp(0.0, 1.0)

@@ -13,9 +13,17 @@ this protocol, so the loop never asks which one it holds:
   matrices alone; the base is rebuilt from ``describe()``;
 - ``describe()``, JSON that rebuilds the policy without its trained tensors (``model.json``);
 - ``attention_fn``, the attention kernel every block calls, the hook through which sequence
-  parallelism is applied from outside (``spotlight.runtime.sp.ulysses``);
+  parallelism is applied from outside (``spotlight.models.ulysses``);
 - ``latent_shape`` and ``config.task`` / ``config.max_text_len``: what to sample and how its prompts
-  are tokenized.
+  are tokenized;
+- ``tokenize(prompts, guided)``: the conditioning rows the call takes (a task's token ids, or a pipeline
+  folder's prompt ids); ``decode_images(latents)``: what a reward sees (pixels as they are, or a VAE
+  decode); ``schedule()``: a pipeline scheduler's sigma schedule, None for Spotlight's own;
+- ``save_for_diffusers(directory)``: the file other tools load (None for a TinyDiT, which has none);
+- ``shard_root``: the module whose ``nn.ModuleList`` children are the blocks FSDP shards one by one.
+
+Every kind implements every member (`spotlight.models.spec` lists the kinds), so no caller outside
+``spotlight.models`` asks which kind it holds.
 
 Being ``runtime_checkable``, ``isinstance(model, Policy)`` checks that these members exist (not
 their signatures); the conformance tests exercise each of them on both implementations.
@@ -23,7 +31,8 @@ their signatures); the conformance tests exercise each of them on both implement
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -71,6 +80,27 @@ class Policy(Protocol):
         """JSON: ``architecture``, ``config`` (and for a LoRA policy ``base``): what rebuilds it without its state."""
         ...
 
+    def tokenize(self, prompts: Sequence[str], guided: bool = True) -> torch.Tensor:
+        """The conditioning rows (B, L) int64 of ``prompts`` (``guided`` False: the CFG-free velocity's)."""
+        ...
+
+    def decode_images(self, latents: torch.Tensor) -> torch.Tensor:
+        """Images (B, 3, H, W) in [0, 1] of sampled latents: what a reward scores."""
+        ...
+
+    def schedule(self) -> Any | None:
+        """Its own sampling schedule (a pipeline's ``ScheduleParams``), or None for Spotlight's sigma schedule."""
+        ...
+
+    def save_for_diffusers(self, directory: str | Path) -> Path | None:
+        """Write the files diffusers loads this policy from into ``directory``; None when it has no such format."""
+        ...
+
+    @property
+    def shard_root(self) -> nn.Module:
+        """The module whose ``nn.ModuleList`` children are its blocks (what FSDP shards block by block)."""
+        ...
+
     # the nn.Module surface the loop uses
     def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]: ...
 
@@ -79,3 +109,8 @@ class Policy(Protocol):
     def eval(self) -> Any: ...
 
     def requires_grad_(self, requires_grad: bool = True) -> Any: ...
+
+
+def to_images(latents: torch.Tensor) -> torch.Tensor:
+    """Model space [-1, 1] to images in [0, 1], (B, 3, H, W): the decode of a pixel-space policy."""
+    return ((latents + 1.0) / 2.0).clamp(0.0, 1.0)

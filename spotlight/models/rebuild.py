@@ -4,6 +4,7 @@ A ``model.json`` (``Policy.describe()``) and the config a spot device receives b
 architecture and its config; this module turns either into a policy whose trained tensors are then
 loaded with ``load_broadcast_state``. For a LoRA policy the base weights come from the description
 itself (a pretrained folder, or a tiny transformer drawn from ``init_seed``), never from the file.
+Each kind's spec (`spotlight.models.spec`) says how it is built and described.
 """
 
 from __future__ import annotations
@@ -11,15 +12,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from spotlight.models.pipelines.adapter import ARCHITECTURE as DIFFUSERS_ARCHITECTURE
-from spotlight.models.pipelines.adapter import DiffusersPolicy
-from spotlight.models.pipelines.family_config import DiffusersPolicyConfig
-from spotlight.models.pipelines.policy import PipelinePolicy
 from spotlight.models.policy import Policy
-from spotlight.models.tinydit import ARCHITECTURE as TINYDIT_ARCHITECTURE
-from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
+from spotlight.models.spec import ModelConfig, config_from_description, spec_of
+from spotlight.models.tinydit import TinyDiTConfig
 
-ModelConfig = TinyDiTConfig | DiffusersPolicyConfig
+__all__ = ["ModelConfig", "config_from_description", "describe_config", "policy_from_config",
+           "policy_from_description"]
 
 
 def policy_from_config(config: ModelConfig | Mapping[str, Any]) -> Policy:
@@ -29,22 +27,9 @@ def policy_from_config(config: ModelConfig | Mapping[str, Any]) -> Policy:
     a diffusers policy with its base (deterministic from the config, or its pipeline folder's weights)
     and zero-initialised LoRA B.
     """
-    if isinstance(config, DiffusersPolicyConfig):
-        return PipelinePolicy.from_config(config) if config.pipeline else DiffusersPolicy.from_config(config)
-    if isinstance(config, TinyDiTConfig):
-        return TinyDiT(config)
-    return TinyDiT(TinyDiTConfig(**config))
-
-
-def config_from_description(description: Mapping[str, Any]) -> ModelConfig:
-    """The config recorded in a ``describe()`` mapping; ValueError naming the architectures otherwise."""
-    architecture = description.get("architecture", TINYDIT_ARCHITECTURE)
-    if architecture == TINYDIT_ARCHITECTURE:
-        return TinyDiTConfig(**description["config"])
-    if architecture == DIFFUSERS_ARCHITECTURE:
-        return DiffusersPolicyConfig.model_validate(description["config"])
-    raise ValueError(f"unknown architecture {architecture!r}: expected {TINYDIT_ARCHITECTURE!r} or "
-                     f"{DIFFUSERS_ARCHITECTURE!r}")
+    if not isinstance(config, ModelConfig):  # a plain mapping: what a TinyDiT's model.json holds
+        config = TinyDiTConfig(**config)
+    return spec_of(config).build(config)
 
 
 def describe_config(config: ModelConfig) -> dict[str, Any]:
@@ -53,9 +38,7 @@ def describe_config(config: ModelConfig) -> dict[str, Any]:
     What a process that builds the policy itself is sent: plain JSON, compared for equality to tell
     whether the architecture changed.
     """
-    if isinstance(config, DiffusersPolicyConfig):
-        return {"architecture": DIFFUSERS_ARCHITECTURE, "config": config.model_dump(mode="json")}
-    return {"architecture": TINYDIT_ARCHITECTURE, "config": config.to_dict()}
+    return spec_of(config).describe_config(config)
 
 
 def policy_from_description(description: Mapping[str, Any]) -> Policy:

@@ -1,49 +1,106 @@
-"""The policy an SP device process serves, whichever kind it is: built around the node's weights, one SP step.
+"""One spec per model kind: everything the loop, the spot workers and sequence parallelism need of it.
 
-The elastic SP runtime (`agent`, `sp_process`, `elastic_sp`) sends a policy's *description*
-(``architecture`` + ``config``, `spotlight.models.rebuild.describe_config`) and its broadcast state,
-and asks for single denoising steps. This module is the one place that knows how each kind is
-built and sharded:
+Spotlight trains four kinds of model, each described by a config that travels (``model.json``, a
+broadcast to spot devices):
 
-- TinyDiT: every weight is broadcast; the model is built *around* the shared tensors
-  (`sp_denoise.model_on_weights`) and sharded between its stages (`sp_denoise.sequence_parallel_step`).
-- a diffusers transformer with LoRA: only the LoRA matrices are broadcast. The frozen base and its
-  text encoder are rebuilt from the config (deterministic from ``init_seed``) once per process and
-  kept across attaches; the LoRA parameters are then pointed at the shared tensors, so weights the
-  agent replaces in place reach every process without a message, as TinyDiT's do. The step runs
-  token- and head-sharded through the hooks of `diffusers_sp.sequence_parallel` (FLUX, Qwen-Image).
+    tinydit             a TinyDiT (`TinyDiTConfig`), trained in full
+    tiny-diffusers      a small random SD3 / FLUX / Qwen-Image transformer drawn from ``init_seed``
+    pretrained          a diffusers transformer alone, from a folder or Hub id
+    pipeline            a whole pipeline folder: its text encoders, VAE and scheduler around the transformer
 
-The SP degrees a policy allows follow from its attention heads and token counts
-(`check_sp_policy`), read from the config alone so the controller never builds a model.
+A `ModelSpec` names what each kind provides: how a policy is built from its config, how the config
+is described again, its attention heads and latent shape (read from the config alone, so the
+controller never builds a model), the SP degrees it allows, a policy built around broadcast weights,
+and one sequence-parallel denoising step. `spec_of` is the one place that asks which kind a config
+is: callers elsewhere hold a spec, or call a policy's own methods (`spotlight.models.policy`).
+
+A policy an SP device process serves is built *around* the node's weights. TinyDiT broadcasts every
+weight and is sharded between its stages (`tinydit_sp`); a diffusers transformer broadcasts only its
+LoRA matrices: the frozen base is rebuilt once per process from the config and kept across attaches
+(``PolicyCache``), and the LoRA parameters are pointed at the shared tensors, so weights the agent
+replaces in place reach every process without a message. Its step runs token- and head-sharded
+through the hooks of `pipelines.sequence_parallel` (FLUX, Qwen-Image).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.distributed import ProcessGroup
 
 from spotlight.diffusion.sampler import SamplingPlan, sample
+from spotlight.models.pipelines.adapter import ARCHITECTURE as DIFFUSERS_ARCHITECTURE
 from spotlight.models.pipelines.adapter import DiffusersPolicy
 from spotlight.models.pipelines.family_config import TINY_CONFIGS, DiffusersPolicyConfig
 from spotlight.models.pipelines.inputs import channels_of
+from spotlight.models.pipelines.policy import PipelinePolicy
+from spotlight.models.pipelines.sequence_parallel import TOKEN_SHARDED_FAMILIES, sequence_parallel
 from spotlight.models.policy import Policy
-from spotlight.models.rebuild import ModelConfig, config_from_description
-from spotlight.models.tinydit import TinyDiT
-from spotlight.runtime.sp.diffusers_denoise import TOKEN_SHARDED_FAMILIES, sequence_parallel
-from spotlight.runtime.sp.denoise import model_on_weights, sequence_parallel_step
-from spotlight.runtime.sp.ulysses import check_sp_degree
+from spotlight.models.tinydit import ARCHITECTURE as TINYDIT_ARCHITECTURE
+from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
+from spotlight.models.tinydit_sp import model_on_weights, sequence_parallel_step
+from spotlight.models.ulysses import check_sp_degree
 
-__all__ = ["attention_heads", "check_sp_policy", "latent_shape_of", "policy_on_weights", "prepare_policy",
-           "sp_denoise_step"]
+__all__ = ["ModelConfig", "ModelSpec", "PolicyCache", "attention_heads", "check_sp_policy", "config_from_description",
+           "latent_shape_of", "policy_on_weights", "prepare_policy", "sp_denoise_step", "spec_of", "warm_up"]
+
+ModelConfig = TinyDiTConfig | DiffusersPolicyConfig
 
 PolicyCache = dict[str, DiffusersPolicy]
 """A device process's diffusers policies by description: the base is built once, LoRA re-pointed per attach."""
 
+SPStep = Callable[[Policy, ProcessGroup | None, torch.Tensor, Sequence[int], SamplingPlan, torch.Tensor, int],
+                  torch.Tensor]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What one model kind provides (module docstring); every member takes the kind's own config."""
+
+    kind: str
+    architecture: str  # what ``model.json`` names
+    build: Callable[[Any], Policy]  # a fresh policy (random or pretrained base, zero-initialised LoRA B)
+    describe_config: Callable[[Any], dict[str, Any]]  # plain JSON that rebuilds it without its state
+    attention_heads: Callable[[Any], int]
+    latent_shape: Callable[[Any], tuple[int, int, int]]
+    check_sp: Callable[[Any, int], None]  # ValueError naming the degrees that fit
+    on_weights: Callable[[Mapping[str, Any], Any, Mapping[str, torch.Tensor], bool, PolicyCache], Policy]
+    prepare: Callable[[Mapping[str, Any], Any, PolicyCache], None]  # a warm spare builds its base ahead
+    sp_step: SPStep
+
+
+# --- TinyDiT ---------------------------------------------------------------------------------------------
+
+def _tinydit_check_sp(config: TinyDiTConfig, sp_degree: int) -> None:
+    """TinyDiT shards its joint [prompt; image] sequence as one: the degree divides its heads and all its tokens."""
+    check_sp_degree(sp_degree, num_heads=config.num_heads)
+    check_sp_degree(sp_degree, num_tokens=config.num_image_tokens + config.max_text_len)
+
+
+def _tinydit_step(policy: Policy, group: ProcessGroup | None, tokens: torch.Tensor, seeds: Sequence[int],
+                  plan: SamplingPlan, latents: torch.Tensor, step: int) -> torch.Tensor:
+    assert isinstance(policy, TinyDiT)
+    return sequence_parallel_step(policy, group, tokens, seeds, plan, latents, step)
+
+
+TINYDIT = ModelSpec(
+    kind="tinydit", architecture=TINYDIT_ARCHITECTURE, build=TinyDiT,
+    describe_config=lambda config: {"architecture": TINYDIT_ARCHITECTURE, "config": config.to_dict()},
+    attention_heads=lambda config: config.num_heads,
+    latent_shape=lambda config: config.latent_shape,
+    check_sp=_tinydit_check_sp,
+    on_weights=lambda description, config, weights, copy, cache: model_on_weights(config, weights, copy=copy),
+    prepare=lambda description, config, cache: None,  # nothing to build ahead: every weight comes with the attach
+    sp_step=_tinydit_step,
+)
+
+
+# --- diffusers transformers (tiny, pretrained, pipeline folder) --------------------------------------------
 
 def _tiny_architecture(config: DiffusersPolicyConfig) -> dict[str, Any]:
     """The transformer arguments of a tiny diffusers config; a pretrained one is refused in one line."""
@@ -54,55 +111,39 @@ def _tiny_architecture(config: DiffusersPolicyConfig) -> dict[str, Any]:
     return {**TINY_CONFIGS[config.family], **config.tiny_overrides}
 
 
-def attention_heads(config: ModelConfig) -> int:
-    """The attention heads of the policy ``config`` builds: every SP degree must divide them (Ulysses)."""
-    if isinstance(config, DiffusersPolicyConfig):
-        return int(_tiny_architecture(config)["num_attention_heads"])
-    return config.num_heads
+def _diffusers_heads(config: DiffusersPolicyConfig) -> int:
+    return int(_tiny_architecture(config)["num_attention_heads"])
 
 
-def latent_shape_of(config: ModelConfig) -> tuple[int, int, int]:
-    """(C, H, W) of the latents the policy of ``config`` denoises, without building it."""
-    if isinstance(config, DiffusersPolicyConfig):
-        size = config.resolved_latent_size
-        return (channels_of(config.family, int(_tiny_architecture(config)["in_channels"])), size, size)
-    return config.latent_shape
+def _diffusers_latent_shape(config: DiffusersPolicyConfig) -> tuple[int, int, int]:
+    size = config.resolved_latent_size
+    return (channels_of(config.family, int(_tiny_architecture(config)["in_channels"])), size, size)
 
 
-def check_sp_policy(config: ModelConfig, sp_degree: int) -> None:
-    """ValueError naming the degrees that fit if ``sp_degree`` cannot shard this policy's heads and tokens.
-
-    TinyDiT shards its joint [prompt; image] sequence as one; a diffusers transformer shards its text and
-    its image tokens separately (each must divide), and only the families whose rotary tables
-    `diffusers_sp` slices (FLUX, Qwen-Image) shard tokens at all.
-    """
-    check_sp_degree(sp_degree, num_heads=attention_heads(config))
-    if not isinstance(config, DiffusersPolicyConfig):
-        check_sp_degree(sp_degree, num_tokens=config.num_image_tokens + config.max_text_len)
-        return
+def _diffusers_check_sp(config: DiffusersPolicyConfig, sp_degree: int) -> None:
+    """A diffusers transformer shards its text and its image tokens separately (each must divide), and only the
+    families whose rotary tables `pipelines.sequence_parallel` slices (FLUX, Qwen-Image) shard tokens at all."""
+    check_sp_degree(sp_degree, num_heads=_diffusers_heads(config))
     if sp_degree > 1 and config.family not in TOKEN_SHARDED_FAMILIES:
         raise ValueError(f"elastic SP shards the tokens of {', '.join(TOKEN_SHARDED_FAMILIES)} transformers, not "
                          f"{config.family}: use model.family flux or qwen-image, or runtime.sp_degree=1")
-    _, height, width = latent_shape_of(config)
+    _, height, width = _diffusers_latent_shape(config)
     check_sp_degree(sp_degree, num_tokens=config.max_text_len)  # prompt tokens (model.max_text_len)
     check_sp_degree(sp_degree, num_tokens=(height // 2) * (width // 2))  # 2x2-packed image tokens
 
 
-def policy_on_weights(description: Mapping[str, Any], weights: Mapping[str, torch.Tensor], copy: bool,
-                      cache: PolicyCache) -> Policy:
-    """The policy of ``description`` in eval mode whose trained tensors *are* ``weights`` (``copy``: copies).
-
-    ``weights`` is the policy's broadcast state (every TinyDiT weight; a diffusers policy's LoRA
-    matrices). ``cache`` keeps each diffusers base this process built, keyed by its description.
-    """
-    config = config_from_description(description)
-    if not isinstance(config, DiffusersPolicyConfig):
-        return model_on_weights(config, weights, copy=copy)
+def _cached_base(description: Mapping[str, Any], config: DiffusersPolicyConfig, cache: PolicyCache) -> DiffusersPolicy:
+    """This process's base of ``description``, built once: a new architecture replaces the old one."""
     key = json.dumps(description, sort_keys=True)
     if key not in cache:
-        cache.clear()  # one architecture at a time: a new one replaces the old base
+        cache.clear()
         cache[key] = DiffusersPolicy.from_config(config).eval()
-    policy = cache[key]
+    return cache[key]
+
+
+def _diffusers_on_weights(description: Mapping[str, Any], config: DiffusersPolicyConfig,
+                          weights: Mapping[str, torch.Tensor], copy: bool, cache: PolicyCache) -> Policy:
+    policy = _cached_base(description, config, cache)
     parameters = policy.lora_parameters()
     if parameters.keys() != weights.keys():
         missing, extra = sorted(parameters.keys() - weights.keys()), sorted(weights.keys() - parameters.keys())
@@ -117,13 +158,86 @@ def policy_on_weights(description: Mapping[str, Any], weights: Mapping[str, torc
     return policy
 
 
-def prepare_policy(description: Mapping[str, Any], cache: PolicyCache) -> None:
-    """Build (and cache) a diffusers base ahead of its weights: what a warm spare does, so standing in is an attach."""
+def _diffusers_prepare(description: Mapping[str, Any], config: DiffusersPolicyConfig, cache: PolicyCache) -> None:
+    _cached_base(description, config, cache)
+
+
+def _diffusers_step(policy: Policy, group: ProcessGroup | None, tokens: torch.Tensor, seeds: Sequence[int],
+                    plan: SamplingPlan, latents: torch.Tensor, step: int) -> torch.Tensor:
+    assert isinstance(policy, DiffusersPolicy)
+    sharded = contextlib.nullcontext() if group is None else sequence_parallel(policy, group)
+    with torch.no_grad(), sharded:
+        trajectory = sample(lambda x, sigma: policy(x, sigma, tokens), seeds, plan, policy.latent_shape,
+                            start_latents=latents, start_step=step, stop_step=step + 1, record=False)
+    return trajectory.final
+
+
+def _diffusers_spec(kind: str, build: Callable[[DiffusersPolicyConfig], Policy]) -> ModelSpec:
+    return ModelSpec(
+        kind=kind, architecture=DIFFUSERS_ARCHITECTURE, build=build,
+        describe_config=lambda config: {"architecture": DIFFUSERS_ARCHITECTURE, "config": config.model_dump(mode="json")},
+        attention_heads=_diffusers_heads, latent_shape=_diffusers_latent_shape, check_sp=_diffusers_check_sp,
+        on_weights=_diffusers_on_weights,
+        prepare=_diffusers_prepare,
+        sp_step=_diffusers_step,
+    )
+
+
+TINY_DIFFUSERS = _diffusers_spec("tiny-diffusers", DiffusersPolicy.from_config)
+PRETRAINED = _diffusers_spec("pretrained", DiffusersPolicy.from_config)
+PIPELINE = _diffusers_spec("pipeline", PipelinePolicy.from_config)
+
+
+def spec_of(config: ModelConfig | Mapping[str, Any]) -> ModelSpec:
+    """The spec of the kind ``config`` describes (a plain mapping is a TinyDiT config): the one kind branch."""
+    if isinstance(config, DiffusersPolicyConfig):
+        return PIPELINE if config.pipeline else TINY_DIFFUSERS if config.tiny else PRETRAINED
+    return TINYDIT
+
+
+def config_from_description(description: Mapping[str, Any]) -> ModelConfig:
+    """The config recorded in a ``describe()`` mapping; ValueError naming the architectures otherwise."""
+    architecture = description.get("architecture", TINYDIT_ARCHITECTURE)
+    if architecture == TINYDIT_ARCHITECTURE:
+        return TinyDiTConfig(**description["config"])
+    if architecture == DIFFUSERS_ARCHITECTURE:
+        return DiffusersPolicyConfig.model_validate(description["config"])
+    raise ValueError(f"unknown architecture {architecture!r}: expected {TINYDIT_ARCHITECTURE!r} or "
+                     f"{DIFFUSERS_ARCHITECTURE!r}")
+
+
+# --- what the SP runtime calls: each asks the config's spec ------------------------------------------------
+
+def attention_heads(config: ModelConfig) -> int:
+    """The attention heads of the policy ``config`` builds: every SP degree must divide them (Ulysses)."""
+    return spec_of(config).attention_heads(config)
+
+
+def latent_shape_of(config: ModelConfig) -> tuple[int, int, int]:
+    """(C, H, W) of the latents the policy of ``config`` denoises, without building it."""
+    return spec_of(config).latent_shape(config)
+
+
+def check_sp_policy(config: ModelConfig, sp_degree: int) -> None:
+    """ValueError naming the degrees that fit if ``sp_degree`` cannot shard this policy's heads and tokens."""
+    spec_of(config).check_sp(config, sp_degree)
+
+
+def policy_on_weights(description: Mapping[str, Any], weights: Mapping[str, torch.Tensor], copy: bool,
+                      cache: PolicyCache) -> Policy:
+    """The policy of ``description`` in eval mode whose trained tensors *are* ``weights`` (``copy``: copies).
+
+    ``weights`` is the policy's broadcast state (every TinyDiT weight; a diffusers policy's LoRA
+    matrices). ``cache`` keeps each diffusers base this process built, keyed by its description.
+    """
     config = config_from_description(description)
-    key = json.dumps(description, sort_keys=True)
-    if isinstance(config, DiffusersPolicyConfig) and key not in cache:
-        cache.clear()
-        cache[key] = DiffusersPolicy.from_config(config).eval()
+    return spec_of(config).on_weights(description, config, weights, copy, cache)
+
+
+def prepare_policy(description: Mapping[str, Any], cache: PolicyCache) -> None:
+    """Build (and cache) a base ahead of its weights: what a warm spare does, so standing in is an attach."""
+    config = config_from_description(description)
+    spec_of(config).prepare(description, config, cache)
 
 
 def sp_denoise_step(policy: Policy, group: ProcessGroup | None, tokens: torch.Tensor, seeds: Sequence[int],
@@ -133,12 +247,13 @@ def sp_denoise_step(policy: Policy, group: ProcessGroup | None, tokens: torch.Te
     Every rank returns the same latents. Step k's noise comes from stream (seed, k), so the result
     does not depend on which group (or which formation of it) takes the step.
     """
-    if isinstance(policy, TinyDiT):
-        return sequence_parallel_step(policy, group, tokens, seeds, plan, latents, step)
-    if not isinstance(policy, DiffusersPolicy):
-        raise TypeError(f"SP devices serve TinyDiT or DiffusersPolicy, not {type(policy).__name__}")
-    sharded = contextlib.nullcontext() if group is None else sequence_parallel(policy, group)
-    with torch.no_grad(), sharded:
-        trajectory = sample(lambda x, sigma: policy(x, sigma, tokens), seeds, plan, policy.latent_shape,
-                            start_latents=latents, start_step=step, stop_step=step + 1, record=False)
-    return trajectory.final
+    return spec_of(policy.config).sp_step(policy, group, tokens, seeds, plan, latents, step)
+
+
+def warm_up() -> None:
+    """One SP step of a minute TinyDiT: pays a device process's first-call costs (lazy imports, kernel set-up)."""
+    config = TinyDiTConfig(image_size=8, patch_size=4, dim=16, depth=1, num_heads=2, max_text_len=2)
+    weights = {name: torch.zeros_like(tensor) for name, tensor in TinyDiT(config).state_dict().items()}
+    model = policy_on_weights(TINYDIT.describe_config(config), weights, copy=False, cache={})
+    sp_denoise_step(model, None, torch.ones(1, 2, dtype=torch.long), [0], SamplingPlan(num_steps=1),
+                    torch.zeros(1, *config.latent_shape), 0)

@@ -11,14 +11,17 @@ be applied from outside (see ``spotlight.models.attention``).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn as nn
 
 from spotlight.models.attention import AttentionFn, sdpa_attention
+from spotlight.models.policy import to_images
+from spotlight.tasks.registry import get_task
 
 ARCHITECTURE = "TinyDiT"  # what model.json names, for spotlight.models.rebuild
 
@@ -234,3 +237,24 @@ class TinyDiT(nn.Module):
     def describe(self) -> dict[str, Any]:
         """JSON that rebuilds the architecture: its name and config."""
         return {"architecture": ARCHITECTURE, "config": self.config.to_dict()}
+
+    def tokenize(self, prompts: Sequence[str], guided: bool = True) -> torch.Tensor:
+        """Its task's token ids (B, max_text_len); a TinyDiT has no guidance, so ``guided`` changes nothing."""
+        return get_task(self.config.task).tokenize(prompts, self.config.max_text_len)
+
+    def decode_images(self, latents: torch.Tensor) -> torch.Tensor:
+        """No VAE: its latents are the images, in [-1, 1]."""
+        return to_images(latents)
+
+    def schedule(self) -> None:
+        """None: it samples on Spotlight's own sigma schedule."""
+        return None
+
+    def save_for_diffusers(self, directory: str | Path) -> None:
+        """None: a TinyDiT has no format other tools load; its checkpoint is the model directory."""
+        return None
+
+    @property
+    def shard_root(self) -> nn.Module:
+        """Itself: its blocks are its own ``nn.ModuleList``."""
+        return self

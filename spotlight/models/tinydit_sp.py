@@ -20,7 +20,7 @@ from torch.distributed import ProcessGroup
 
 from spotlight.diffusion.sampler import SamplingPlan, VelocityFn, sample
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig, sincos_2d
-from spotlight.runtime.sp.ulysses import UlyssesAttention, check_sp_degree, gather_sequence, shard_sequence
+from spotlight.models.ulysses import UlyssesAttention, check_sp_degree, gather_sequence, shard_sequence
 
 __all__ = ["model_on_weights", "sequence_parallel_step", "sequence_parallel_velocity_fn"]
 

@@ -68,7 +68,7 @@ def sharded(model: nn.Module, cpu_offload: bool = False, activation_checkpointin
 
     offload = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
     # a diffusers policy's frozen text encoders and VAE are shared with other policies: only its transformer shards
-    root = getattr(model, "transformer", model)
+    root = model.shard_root
     blocks = [block for module in root.children() if isinstance(module, nn.ModuleList) for block in module
               if any(parameter.requires_grad for parameter in block.parameters())]
     if activation_checkpointing:

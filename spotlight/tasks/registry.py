@@ -90,5 +90,5 @@ def get_task(name: str) -> Task:
 
 
 def task_of(model: torch.nn.Module) -> Task:
-    """The task whose tokenizer a model was trained with (TinyDiT records it in its config; default shapes)."""
-    return get_task(getattr(getattr(model, "config", None), "task", "shapes"))
+    """The task whose tokenizer a policy was trained with: every policy's config names it (``config.task``)."""
+    return get_task(model.config.task)

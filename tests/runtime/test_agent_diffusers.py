@@ -2,7 +2,7 @@
 
 The agent is sent only the LoRA matrices; each device process rebuilds the frozen Qwen-Image base and
 its text encoder from the config's ``init_seed``, and the group shards the image and text tokens
-(`spotlight.runtime.sp.diffusers_denoise`). Golden numbers come from the plain single-device sampler in this
+(`spotlight.models.pipelines.sequence_parallel`). Golden numbers come from the plain single-device sampler in this
 process (`spotlight.models.generation.generate`), which shares no code with the device processes, the
 sharding or the all-to-alls. One agent (two devices and one warm spare) serves the module.
 """
@@ -24,7 +24,7 @@ from spotlight.models.pipelines.adapter import DiffusersPolicy
 from spotlight.runtime.sp.agent import NodeAgent
 from spotlight.runtime.queue.request_queue import Request, RequestQueue
 from spotlight.runtime.sp.reconfigure import plan_groups
-from spotlight.runtime.sp.policy import attention_heads, check_sp_policy
+from spotlight.models.spec import attention_heads, check_sp_policy
 
 CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "qwen-image-tiny-lora.yaml"
 PLAN = SamplingPlan(num_steps=4, shift=3.0, sampler="sde", noise_level=0.7)

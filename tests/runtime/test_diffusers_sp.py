@@ -20,7 +20,7 @@ from gloo_ranks import run_ranks
 from spotlight.models.pipelines.adapter import DiffusersPolicy
 from spotlight.models.pipelines.family_config import DiffusersPolicyConfig
 from spotlight.models.pipelines.inputs import PromptEmbeddings
-from spotlight.runtime.sp.diffusers_denoise import sequence_parallel
+from spotlight.models.pipelines.sequence_parallel import sequence_parallel
 
 WORLD = 2
 TOLERANCE = 1e-5

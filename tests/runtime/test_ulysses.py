@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from gloo_ranks import run_ranks
 
-from spotlight.runtime.sp.ulysses import (
+from spotlight.models.ulysses import (
     UlyssesAttention,
     check_sp_degree,
     gather_sequence,

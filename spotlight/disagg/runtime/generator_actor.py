@@ -24,7 +24,8 @@ import torch
 from spotlight.disagg.generators import ScoreFn, generate_fragment
 from spotlight.disagg.samples import ScoredSample
 from spotlight.explore.candidates import score_latents
-from spotlight.models.generation import generate, images_of, prompt_tokens, to_images
+from spotlight.models.generation import generate, images_of, prompt_tokens
+from spotlight.models.policy import to_images
 from spotlight.models.policy import Policy
 from spotlight.rewards.base import Reward, guarded_score
 from spotlight.runtime.cores import pin_process

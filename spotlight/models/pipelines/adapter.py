@@ -31,10 +31,10 @@ the config (a folder, or ``tiny`` with ``init_seed``) and rebuilt wherever it is
 
 Sequence parallelism (Ulysses). ``policy.attention_fn = fn`` routes the joint (text + image)
 attention of every block through ``fn(q, k, v, key_padding_mask)`` on (B, H, N, Dh), the interface of
-``spotlight.models.attention`` that ``spotlight.runtime.sp.ulysses.UlyssesAttention`` implements; with
+``spotlight.models.attention`` that ``spotlight.models.ulysses.UlyssesAttention`` implements; with
 plain SDPA it reproduces diffusers' own processors (tested). ``route_attention(fn, sequence_shards=P)``
 is the same for blocks that see one rank's token shard: the token-sharding half, applied from outside
-by ``spotlight.runtime.sp.diffusers_denoise`` (FLUX and Qwen-Image). diffusers' own context parallelism does
+by ``spotlight.models.pipelines.sequence_parallel`` (FLUX and Qwen-Image). diffusers' own context parallelism does
 not serve here: in diffusers 0.42 it fails on a CPU before any work (it computes
 ``rank % torch.accelerator.device_count()``, which is 0 there), SD3 has no ``_cp_plan``, and its device
 mesh is fixed when parallelism is enabled, whereas the elastic runtime re-forms groups of other sizes.
@@ -47,7 +47,7 @@ import copy
 import json
 import os
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +62,8 @@ from spotlight.models.pipelines.inputs import PromptEmbeddings, latent_channels,
 from spotlight.models.pipelines.loading import DiffusersLoadError, build_tiny_transformer, load_transformer
 from spotlight.models.pipelines.joint_attention import JointAttentionProcessor
 from spotlight.models.pipelines.text_encoder import TokenTextEncoder
+from spotlight.models.policy import to_images
+from spotlight.tasks.registry import get_task
 
 if TYPE_CHECKING:
     from diffusers.models.modeling_utils import ModelMixin
@@ -324,6 +326,23 @@ class DiffusersPolicy(nn.Module):
         return save_diffusers_lora(self.transformer, self.family, ADAPTER_NAME, directory)
 
     # --- the policy interface: what the loop, checkpoints and the runtime use ----------------------
+
+    def tokenize(self, prompts: Sequence[str], guided: bool = True) -> torch.Tensor:
+        """Its task's token ids, which its frozen text encoder embeds (a pipeline folder overrides this)."""
+        return get_task(self.config.task).tokenize(prompts, self.config.max_text_len)
+
+    def decode_images(self, latents: torch.Tensor) -> torch.Tensor:
+        """A transformer alone denoises the task's pixels: its latents are the images (a folder's VAE overrides)."""
+        return to_images(latents)
+
+    def schedule(self) -> Any | None:
+        """None: Spotlight's sigma schedule (a pipeline folder's scheduler overrides this)."""
+        return None
+
+    @property
+    def shard_root(self) -> nn.Module:
+        """The transformer: the text encoders and VAE are frozen and shared with the other versions."""
+        return self.transformer
 
     def broadcast_state(self) -> dict[str, torch.Tensor]:
         """What changes under training, so all that a checkpoint or a spot device needs: the LoRA tensors,

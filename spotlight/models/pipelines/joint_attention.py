@@ -2,9 +2,9 @@
 
 diffusers computes attention inside per-family processors; this one replaces them so that the
 attention itself is an ``AttentionFn`` (``spotlight.models.attention``): plain SDPA on one device, or
-``spotlight.runtime.sp.ulysses.UlyssesAttention`` over a sequence-parallel group. The model definition
+``spotlight.models.ulysses.UlyssesAttention`` over a sequence-parallel group. The model definition
 stays free of parallelism: the runtime swaps the kernel and, for token sharding, slices the inputs
-around the blocks (``spotlight.runtime.sp.diffusers_denoise``).
+around the blocks (``spotlight.models.pipelines.sequence_parallel``).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from spotlight.models.pipelines.adapter import DiffusersPolicy
-from spotlight.runtime.sp.ulysses import UlyssesAttention, check_sp_degree, gather_sequence, shard_sequence
+from spotlight.models.ulysses import UlyssesAttention, check_sp_degree, gather_sequence, shard_sequence
 
 __all__ = ["TOKEN_SHARDED_FAMILIES", "sequence_parallel"]
 

@@ -5,7 +5,7 @@ A node agent outlives every SP group on its node. It
 - holds the current weights once, in shared memory (pinned as well when CUDA is present), and
   replaces them in place, so every device process that mapped them sees the new ones. The weights
   are the policy's broadcast state: every weight of a TinyDiT; only the LoRA matrices of a diffusers
-  policy, whose frozen base each device process rebuilds from the config (`spotlight.runtime.sp.policy`);
+  policy, whose frozen base each device process rebuilds from the config (`spotlight.models.spec`);
 - keeps one persistent process per device (`spotlight.runtime.spot.device_processes`), plus optional warm
   spares: processes that have imported torch but hold no group, ready to stand in for a device
   process that crashed — the spare maps the shared weights instead of loading a checkpoint;
@@ -42,7 +42,7 @@ from spotlight.runtime.spot.device_processes import AgentError, DeviceProcesses,
 from spotlight.runtime.queue.request_queue import Request
 from spotlight.runtime.queue.remote import QueueClient, RemoteQueue
 from spotlight.runtime.sp.reconfigure import SPGroup, device_id, node_of
-from spotlight.runtime.sp.policy import latent_shape_of
+from spotlight.models.spec import latent_shape_of
 from spotlight.tasks.registry import get_task
 
 __all__ = ["AgentError", "GroupBroken", "NodeAgent", "NodeAgentActor", "ServeReport"]

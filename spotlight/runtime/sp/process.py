@@ -6,7 +6,7 @@ with small commands; a reply is ``("ok", value)`` or ``("error", one-line messag
     prepare(description)           build a diffusers base ahead of its weights (warm spares)
     attach(description, weights, copy)
                                    build the policy around the agent's shared-memory weights
-                                   (`spotlight.runtime.sp.policy`)
+                                   (`spotlight.models.spec`)
     join(group, rank, world, host, port, timeout_s)
                                    join an SP group: a gloo process group on the agent's TCPStore
                                    under the prefix ``group`` (a new name per generation), so a
@@ -37,9 +37,7 @@ import torch.multiprocessing as mp
 
 from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.models.policy import Policy
-from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
-from spotlight.runtime.sp.denoise import model_on_weights, sequence_parallel_step
-from spotlight.runtime.sp.policy import PolicyCache, policy_on_weights, prepare_policy, sp_denoise_step
+from spotlight.models.spec import PolicyCache, policy_on_weights, prepare_policy, sp_denoise_step, warm_up
 
 __all__ = ["device_process_main"]
 
@@ -106,12 +104,7 @@ def _warm_up() -> None:
     A spare is only warm if standing in costs it no more than a second attach: measured here, a
     process's first model build takes ~1.4 s and the second ~15 ms.
     """
-    config = TinyDiTConfig(image_size=8, patch_size=4, dim=16, depth=1, num_heads=2, max_text_len=2)
-    weights = {name: torch.zeros_like(tensor) for name, tensor in TinyDiT(config).state_dict().items()}
-    model = model_on_weights(config, weights)
-    latents = torch.zeros(1, *config.latent_shape)
-    sequence_parallel_step(model, None, torch.ones(1, 2, dtype=torch.long), [0], SamplingPlan(num_steps=1),
-                           latents, 0)
+    warm_up()
 
 
 _COMMANDS: dict[str, Callable[..., Any]] = {

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from spotlight.runtime.sp.ulysses import valid_sp_degrees
+from spotlight.models.ulysses import valid_sp_degrees
 
 __all__ = [
     "PlanDiff",
