@@ -33,7 +33,7 @@ import torch
 from provenance import RESULTS, git_commit, machine
 from ray.cluster_utils import Cluster
 
-from spotlight.models.base_policy import build_policy
+from spotlight.loop.base_policy import build_policy
 from spotlight.config import TrainConfig, load_config
 from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.models.generation import generate

@@ -36,7 +36,7 @@ from spotlight.models.generation import generate, prompt_tokens, velocity_fn
 from spotlight.models.policy import to_images
 from spotlight.rewards.base import Reward
 from spotlight.components.checkpoint import load_model
-from spotlight.tasks.registry import get_task
+from spotlight.task_presets import get_task
 
 
 def score(reward: Reward, latents: torch.Tensor, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:

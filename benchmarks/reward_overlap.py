@@ -27,7 +27,7 @@ import time
 import torch
 from provenance import RESULTS, git_commit, machine
 
-from spotlight.models.base_policy import build_policy
+from spotlight.loop.base_policy import build_policy
 from spotlight.config import TrainConfig, parse_config
 from spotlight.models.generation import generate
 from spotlight.models.policy import to_images
@@ -37,7 +37,7 @@ from spotlight.rewards.pool import PooledReward
 from spotlight.rewards.registry import build_reward
 from spotlight.loop.rollout import group_requests, rollout_plan
 from spotlight.loop.streams import candidate_seeds
-from spotlight.tasks.registry import get_task
+from spotlight.task_presets import get_task
 
 
 def main() -> None:

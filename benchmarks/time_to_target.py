@@ -66,7 +66,7 @@ from spotlight.config import TrainConfig, load_config
 from spotlight.loop.evaluation import evaluate
 from spotlight.market.prices import default_prices
 from spotlight.runtime.cores import available_cores, pinned
-from spotlight.tasks.registry import get_task
+from spotlight.task_presets import get_task
 
 MODES = ("vanilla", "sync-explore", "spot-rollout", "spotlight")
 LOAD_FILE = "load_average.json"  # a run's load average at its start and end, kept beside its metrics

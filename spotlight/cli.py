@@ -261,7 +261,7 @@ def eval_(
     """Score a checkpoint on its task's validation split: strict accuracy overall and per kind (ODE, fixed seeds)."""
     from spotlight.loop.evaluation import evaluate
     from spotlight.components.checkpoint import load_model
-    from spotlight.tasks.registry import task_of
+    from spotlight.task_presets import task_of
 
     model = load_model(checkpoint)
     task = task_of(model)

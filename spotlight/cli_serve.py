@@ -14,7 +14,7 @@ from spotlight.config import TrainConfig
 from spotlight.rewards.base import Reward, RewardError
 from spotlight.rewards.registry import build_reward
 from spotlight.rewards.section import RewardSection
-from spotlight.tasks.registry import get_task
+from spotlight.task_presets import get_task
 
 
 @dataclass(frozen=True)

@@ -382,7 +382,7 @@ class PretrainConfig(Section):
     """Everything ``spotlight pretrain`` needs: flow matching on rendered (prompt, image) pairs."""
 
     seed: int = 0
-    task: TaskName = "shapes"  # what to render and tokenize (spotlight.tasks.registry)
+    task: TaskName = "shapes"  # what to render and tokenize (spotlight.task_presets)
     init_checkpoint: str | None = None  # continue from this model's weights (fresh optimizer); None: from scratch
     steps: int = Field(6000, ge=1)
     batch_size: int = Field(64, ge=1)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from spotlight.models.base_policy import build_policy
+from spotlight.loop.base_policy import build_policy
 from spotlight.config import ConfigError, TrainConfig, load_config
 from spotlight.models.pipelines.adapter import DiffusersPolicy
 from spotlight.models.policy import Policy

@@ -18,7 +18,7 @@ import pytest
 from spotlight.loop.evaluation import evaluate
 from spotlight.components.checkpoint import latest_checkpoint, load_model, load_training_state
 from spotlight.runtime.cores import pinned
-from spotlight.tasks.registry import get_task
+from spotlight.task_presets import get_task
 
 
 def test_a_collapsing_run_is_rolled_back_at_a_lower_rate_then_stopped_with_one_line(tmp_path: Path) -> None:

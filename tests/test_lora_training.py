@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from spotlight.models.base_policy import build_policy
+from spotlight.loop.base_policy import build_policy
 from spotlight.cli import app
 from spotlight.config import TrainConfig, load_config
 from spotlight.models.generation import prompt_tokens

@@ -110,7 +110,7 @@ def test_the_best_validated_model_is_kept(tiny_base_model, tmp_path):
 
 def test_eval_prompts_validates_on_that_many_prompts_spread_over_every_kind(tiny_base_model, tmp_path):
     from spotlight.loop.evaluation import validation_subset
-    from spotlight.tasks.registry import get_task
+    from spotlight.task_presets import get_task
 
     dataset = get_task("shapes").dataset()
     subset = validation_subset(dataset.test, 8)

@@ -25,7 +25,7 @@ def check_backend(config: TrainConfig, resume: bool) -> None:
 def open_backend(view: TrainerView) -> Backend:
     """The config's backend: disaggregated generators or the Ray pools (started now), or this process."""
     if view.config.mode.streams_groups:
-        from spotlight.disagg.runtime.backend import DisaggregatedBackend  # generators apart from the trainer
+        from spotlight.backends.disaggregated import DisaggregatedBackend  # generators apart from the trainer
 
         return DisaggregatedBackend(view)
     if view.config.uses_ray:

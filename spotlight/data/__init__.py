@@ -2,7 +2,7 @@
 
 One of the three parts a run names, beside the reward (``reward``) and the policy (``model``):
 ``data.dataset`` (a folder in flow_grpo's layout, or a shipped set) or, when unset, the task's own
-prompts (`spotlight.tasks.registry`).
+prompts (`spotlight.task_presets`).
 """
 
 from spotlight.data.prompt_dataset import DatasetError, PromptDataset, load_prompt_folder

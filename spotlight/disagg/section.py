@@ -1,6 +1,6 @@
 """The ``disagg:`` config section: the switches of ``mode: disaggregated`` (the DigenRL design, issue 16).
 
-Read only in that mode (`spotlight.disagg.runtime.backend`, `spotlight.disagg.loop_update`):
+Read only in that mode (`spotlight.backends.disaggregated`, `spotlight.disagg.loop_update`):
 
     gap             train each group as soon as it is complete and scored (generation-axis pipeline);
                     off: wait for the whole batch, then train it (the one-shot fallback), same loss

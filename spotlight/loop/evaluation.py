@@ -19,7 +19,7 @@ from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.models.generation import generate, images_of
 from spotlight.models.policy import Policy
 from spotlight.rewards.base import Reward, guarded_score
-from spotlight.tasks.registry import get_task
+from spotlight.task_presets import get_task
 
 KindOf = Callable[[str], str | None]  # a prompt's kind (GenEval's tag), None when it has none
 

@@ -21,7 +21,7 @@ from spotlight.models.policy import Policy
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
 from spotlight.components.checkpoint import load_model, save_model
 from spotlight.schema import ConfigError
-from spotlight.tasks.registry import get_task
+from spotlight.task_presets import get_task
 
 
 def build_model(config: PretrainConfig) -> TinyDiT:

@@ -10,7 +10,7 @@
     spotlight      (Ray) stale exploration on spot devices hidden behind training
 
     disaggregated  (Ray) generator devices apart from the trainer (DigenRL): groups are trained as they
-                   complete while generators sample the rest (`spotlight.disagg.runtime.backend`)
+                   complete while generators sample the rest (`spotlight.backends.disaggregated`)
 
 What differs between modes is where sampling runs and with which weights: a backend
 (`spotlight.backends`: this process, the Ray device pools, or disaggregated generators) behind one
@@ -42,8 +42,8 @@ import torch
 
 from spotlight.backends import TrainerView, check_backend, open_backend
 from spotlight.diffusion.sampler import Trajectory
-from spotlight.disagg.runtime.stream import GroupStream
-from spotlight.models.base_policy import build_policy
+from spotlight.backends.disaggregated_stream import GroupStream
+from spotlight.loop.base_policy import build_policy
 from spotlight.config import TrainConfig, TrainSection, dump_config
 from spotlight.data import open_dataset
 from spotlight.data.metadata_reward import bind_metadata
@@ -79,7 +79,7 @@ from spotlight.run_error import RunError
 from spotlight.runtime.cores import pinned
 from spotlight.loop.seed_choice import Exploration
 from spotlight.loop.streams import Stream, iteration_generator, iteration_prompts
-from spotlight.tasks.registry import get_task, task_of
+from spotlight.task_presets import get_task, task_of
 
 __all__ = ["RunError", "RunSummary", "Trainer", "build_optimizer", "planner_config", "train"]
 

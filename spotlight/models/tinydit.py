@@ -21,7 +21,7 @@ import torch.nn as nn
 
 from spotlight.models.attention import AttentionFn, sdpa_attention
 from spotlight.models.policy import to_images
-from spotlight.tasks.registry import get_task
+from spotlight.task_presets import get_task
 
 ARCHITECTURE = "TinyDiT"  # what model.json names, for spotlight.models.rebuild
 
@@ -40,7 +40,7 @@ class TinyDiTConfig:
     vocab_size: int = 32
     max_text_len: int = 12
     image_width: int | None = None  # None: square images of image_size; else image_size is the height
-    task: str = "shapes"  # whose tokenizer (spotlight.tasks.registry) encodes this model's prompts
+    task: str = "shapes"  # whose tokenizer (spotlight.task_presets) encodes this model's prompts
 
     def __post_init__(self) -> None:
         if self.image_size % self.patch_size or self.width % self.patch_size:

@@ -72,7 +72,7 @@ class TrainerRank:
     """
 
     def __init__(self, config: Any, rank: int, core: int | None, reward: Reward | None = None) -> None:
-        from spotlight.models.base_policy import build_policy
+        from spotlight.loop.base_policy import build_policy
         from spotlight.models.shadow import frozen_base, frozen_copy
         from spotlight.rl.rollout_update import build_optimizer, uses_reference
         from spotlight.runtime.cores import pin_process

@@ -84,7 +84,7 @@ def rank_reward(config: Any) -> Reward:
     from spotlight.data import open_dataset
     from spotlight.data.metadata_reward import bind_metadata
     from spotlight.rewards.registry import build_reward
-    from spotlight.tasks.registry import get_task
+    from spotlight.task_presets import get_task
 
     task = get_task(config.task)
     dataset = open_dataset(config.data.dataset) if config.data.dataset is not None else task.dataset()

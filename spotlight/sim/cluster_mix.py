@@ -1,6 +1,10 @@
 """Which cluster to rent: the cheapest mix of on-demand and spot devices that meets a deadline (`spotlight plan`).
 
-Every mix is a full simulation (`spotlight.sim.simulator.simulate`) of the same loop.
+Every mix is a full simulation (`spotlight.sim.simulator.simulate`) of the same loop. A machine's size
+matters to the loop only through whether an SP group fits inside it (NVLink, else the network), so
+machines that agree on that run the loop identically and differ only in price: each device count is
+simulated once per such shape and the other price sources re-priced from its rented device-seconds
+per pool, when the run stopped at the target (then those are the run's whole bill).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from dataclasses import dataclass
 
 from spotlight.market.prices import Offering, load_prices, price_override
 from spotlight.market.traces import Availability, resolve_trace
+from spotlight.sim.results import SimResult
 from spotlight.sim.sim_config import SimConfig
 from spotlight.sim.simulator import simulate
 
@@ -72,17 +77,51 @@ def cheapest_mix(
     if not sources:
         raise ValueError("cheapest_mix: no price source has both an on-demand and a spot price; pass sources")
     rows: list[MixRow] = []
+    simulated: dict[tuple[int, int, bool, bool], SimResult] = {}
     for on_demand, spot, (od_instance, spot_instance) in itertools.product(on_demand_options, spot_options, sources):
-        cluster = base.cluster.model_copy(update={
-            "on_demand_devices": on_demand, "spot_devices": spot,
-            "on_demand_instance": od_instance, "spot_instance": spot_instance,
-        })
-        result = simulate(base.model_copy(update={"cluster": cluster}), trace=trace, prices=prices)
+        sp = base.workload.sp_degree
+        shape = (on_demand, spot, _gpus(prices, od_instance) >= sp, _gpus(prices, spot_instance) >= sp)
+        result = simulated.get(shape)
+        dollars = None if result is None else _repriced(result, base, prices, od_instance, spot_instance)
+        if dollars is None:
+            cluster = base.cluster.model_copy(update={
+                "on_demand_devices": on_demand, "spot_devices": spot,
+                "on_demand_instance": od_instance, "spot_instance": spot_instance,
+            })
+            result = simulate(base.model_copy(update={"cluster": cluster}), trace=trace, prices=prices)
+            simulated.setdefault(shape, result)
+            dollars = result.dollars_to_target
         row = MixRow(on_demand, spot, od_instance, spot_instance, result.time_to_target_s,
-                     result.dollars_to_target, result.reached and result.time_to_target_s <= deadline_s)
+                     dollars, result.reached and result.time_to_target_s <= deadline_s)
         rows.append(row)
         if on_result is not None:
             on_result(row)
     meeting = [row for row in rows if row.meets_deadline]
     best = min(meeting, key=lambda row: (row.dollars_to_target, row.time_to_target_s)) if meeting else None
     return MixSweep(best, rows)
+
+
+def _gpus(prices: Mapping[str, Offering], instance: str) -> int:
+    return prices[instance].gpus_per_machine if instance in prices else 0  # unknown: simulate() names it
+
+
+def _repriced(result: SimResult, base: SimConfig, prices: Mapping[str, Offering], od_instance: str,
+              spot_instance: str) -> float | None:
+    """Dollars to target of ``result``'s run at these machines' prices; None when it must be simulated.
+
+    Only a run that stopped at the target rented exactly what the target cost; a pool the run did not
+    rent (spot in vanilla) costs nothing at any price.
+    """
+    if not (result.reached and base.loop.stop_at_target and result.iterations_run == result.iterations_to_target):
+        return None
+    new = {"on_demand": prices[od_instance].on_demand_per_hour, "spot": prices[spot_instance].spot_per_hour}
+    dollars = 0.0
+    for pool, usage in result.usage.items():
+        if usage.rented_device_s == 0:
+            continue
+        machine = prices[od_instance if pool == "on_demand" else spot_instance]
+        price = new[pool]
+        if price is None:
+            return None  # simulate() raises its one-line error for the missing price
+        dollars += usage.rented_device_s / 3600.0 * price / machine.gpus_per_machine
+    return dollars

@@ -30,8 +30,7 @@ Shapes, as the family's pipeline makes them:
 from __future__ import annotations
 
 import functools
-import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +41,7 @@ from spotlight.models.pipelines.family_config import TRANSFORMER_CLASSES
 from spotlight.models.pipelines.folder import PipelineFolder, PipelineFolderError, read_pipeline_folder
 from spotlight.models.pipelines.memory_estimate import CLIP_TOKENS
 from spotlight.models.pipelines.prompts import DEFAULT_MAX_SEQUENCE_LENGTH
+from spotlight.sim.count_cache import cached
 
 __all__ = ["ForwardCount", "UnknownTransformerError", "count_forward_flops", "meta_transformer", "text_tokens"]
 
@@ -63,8 +63,7 @@ class ForwardCount:
 
     flops: FLOPs of the whole forward (torch's counter: 2 per multiply-add), LoRA's adapters included
     when counted with one; image_tokens and text_tokens: per sample; parameters: the transformer's
-    own parameter count; lora_parameters: the adapters' (0 without); shapes: every base parameter's
-    shape by name (what the memory estimate needs, without safetensors); train_flops: forward and
+    own parameter count; lora_parameters: the adapters' (0 without); train_flops: forward and
     backward of the same batch with gradients for what is trained (the adapters with LoRA, every
     weight without), None unless asked for.
     """
@@ -75,7 +74,6 @@ class ForwardCount:
     text_tokens: int
     parameters: int
     lora_parameters: int
-    shapes: dict[str, tuple[int, ...]]
     train_flops: float | None = None
 
     @property
@@ -171,10 +169,18 @@ def count_forward_flops(folder: PipelineFolder, resolution: tuple[int, int], tok
     or no adapter). ``backward``: also count a forward and backward (``ForwardCount.train_flops``).
     ``every_block``: run every block instead of one of each kind (slow; what the test compares with).
     Raises PipelineFolderError (one line) for a resolution the folder cannot take and
-    UnknownTransformerError for a transformer class Spotlight does not know. Cached per arguments.
+    UnknownTransformerError for a transformer class Spotlight does not know. Kept on disk by config and
+    arguments (`spotlight.sim.count_cache`), except ``every_block`` counts.
     """
     lora = None if lora is None else (int(lora[0]), tuple(lora[1]))
-    return _count(folder.path, (int(resolution[0]), int(resolution[1])), tokens, batch, lora, backward, every_block)
+    size = (int(resolution[0]), int(resolution[1]))
+    if every_block:
+        return _count(folder.path, size, tokens, batch, lora, backward, every_block)
+    folder.latent_size(size)  # a resolution the model cannot take fails here, cached or not
+    key = {"transformer": folder.transformer, "family": folder.family, "resolution": size, "tokens": tokens,
+           "batch": batch, "lora": lora, "backward": backward}
+    counted = cached("forward", key, lambda: asdict(_count(folder.path, size, tokens, batch, lora, backward, False)))
+    return ForwardCount(**counted)
 
 
 @functools.lru_cache(maxsize=32)
@@ -183,7 +189,7 @@ def _count(path: Path, resolution: tuple[int, int], tokens: int, batch: int, lor
     folder = read_pipeline_folder(path)
     latent_hw = folder.latent_size(resolution)
     model = meta_transformer(folder, lora)
-    shapes = {name: tuple(p.shape) for name, p in model.named_parameters() if ".lora_" not in name}
+    parameters = sum(p.numel() for name, p in model.named_parameters() if ".lora_" not in name)
     lora_parameters = sum(p.numel() for name, p in model.named_parameters() if ".lora_" in name)
     kinds = {} if every_block else _one_block_of_each_kind(model)
     inputs = _meta_inputs(folder, latent_hw, tokens, batch)
@@ -195,8 +201,7 @@ def _count(path: Path, resolution: tuple[int, int], tokens: int, batch: int, lor
         train_flops = _counted(model, folder, inputs, kinds, train=True)
     height, width = latent_hw
     return ForwardCount(flops=flops, batch=batch, image_tokens=(height // 2) * (width // 2), text_tokens=tokens,
-                        parameters=sum(math.prod(shape) for shape in shapes.values()),
-                        lora_parameters=lora_parameters, shapes=shapes, train_flops=train_flops)
+                        parameters=parameters, lora_parameters=lora_parameters, train_flops=train_flops)
 
 
 def _counted(model: nn.Module, folder: PipelineFolder, inputs: tuple[Any, ...],

@@ -2,4 +2,4 @@
 
 from typing import Literal
 
-TaskName = Literal["shapes", "ocr"]  # the names spotlight.tasks.registry.TASKS knows; kept here, torch-free
+TaskName = Literal["shapes", "ocr"]  # the names spotlight.task_presets.TASKS knows; kept here, torch-free

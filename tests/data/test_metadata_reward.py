@@ -17,7 +17,7 @@ from spotlight.data.metadata_reward import bind_metadata
 from spotlight.loop.trainer import Trainer
 from spotlight.rewards.base import RewardOutput, guarded_score
 from spotlight.rewards.geneval.reward import GenEvalReward
-from spotlight.tasks.registry import get_task
+from spotlight.task_presets import get_task
 
 
 class BrightnessByRecord:

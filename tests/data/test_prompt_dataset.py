@@ -5,7 +5,7 @@ import pytest
 
 from spotlight.config import TrainConfig, load_config
 from spotlight.data import DatasetError, load_prompt_folder, open_dataset
-from spotlight.tasks.registry import get_task
+from spotlight.task_presets import get_task
 
 
 def write_lines(path: Path, lines: list[str]) -> None:

@@ -11,7 +11,7 @@ from spotlight.rewards.overlap import sample_and_prefetch
 from spotlight.rewards.pool import PooledReward
 from spotlight.rewards.registry import build_reward
 from spotlight.rewards.section import RewardSection
-from spotlight.tasks.registry import get_task
+from spotlight.task_presets import get_task
 from spotlight.tasks.shapes import sample_prompts
 
 

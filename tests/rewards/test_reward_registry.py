@@ -10,7 +10,7 @@ from spotlight.rewards.composite import CompositeReward
 from spotlight.rewards.ocr.scenes import render_scene
 from spotlight.rewards.registry import build_reward
 from spotlight.rewards.section import RewardSection
-from spotlight.tasks.registry import get_task
+from spotlight.task_presets import get_task
 
 
 def test_a_null_name_gives_the_tasks_own_reward_with_its_strict_weight():

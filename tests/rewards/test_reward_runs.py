@@ -23,7 +23,7 @@ from spotlight.rewards.section import RewardSection
 from spotlight.cli_serve import served_reward
 from spotlight.rewards.server.server import RewardServer
 from spotlight.rewards.server.supervisor import free_port
-from spotlight.tasks.registry import get_task
+from spotlight.task_presets import get_task
 
 HERE = Path(__file__).resolve().parent
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from group_steps import denoise_on_group, single_device
 
-from spotlight.models.base_policy import build_policy
+from spotlight.loop.base_policy import build_policy
 from spotlight.config import TrainConfig, load_config
 from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.models.pipelines.adapter import DiffusersPolicy

@@ -6,7 +6,7 @@ from spotlight.models.generation import prompt_tokens
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig, sincos_2d
 from spotlight.loop.trainer import RunError, Trainer
 from spotlight.tasks import text
-from spotlight.tasks.registry import TASKS, get_task, task_of
+from spotlight.task_presets import TASKS, get_task, task_of
 
 
 def ocr_model() -> TinyDiT:

@@ -1,1 +1,1 @@
-"""The disaggregated mode's Ray side: generator actors, the sample queue, the backend and its stream."""
+"""The disaggregated mode's Ray side: the generator actors and the sample queue (its backend is `spotlight.backends.disaggregated`)."""

@@ -63,7 +63,7 @@ from spotlight.models.pipelines.loading import DiffusersLoadError, build_tiny_tr
 from spotlight.models.pipelines.joint_attention import JointAttentionProcessor
 from spotlight.models.pipelines.text_encoder import TokenTextEncoder
 from spotlight.models.policy import to_images
-from spotlight.tasks.registry import get_task
+from spotlight.task_presets import get_task
 
 if TYPE_CHECKING:
     from diffusers.models.modeling_utils import ModelMixin

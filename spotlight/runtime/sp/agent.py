@@ -43,7 +43,7 @@ from spotlight.runtime.queue.request_queue import Request
 from spotlight.runtime.queue.remote import QueueClient, RemoteQueue
 from spotlight.runtime.sp.reconfigure import SPGroup, device_id, node_of
 from spotlight.models.spec import latent_shape_of
-from spotlight.tasks.registry import get_task
+from spotlight.task_presets import get_task
 
 __all__ = ["AgentError", "GroupBroken", "NodeAgent", "NodeAgentActor", "ServeReport"]
 

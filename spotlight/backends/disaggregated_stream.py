@@ -1,6 +1,6 @@
 """What the disaggregated backend hands the update: step s's complete groups, as the trainer may train them.
 
-Apart from `spotlight.disagg.runtime.backend` so that the loop can tell a stream from a one-shot
+Apart from `spotlight.backends.disaggregated` so that the loop can tell a stream from a one-shot
 `Rollout` without importing Ray.
 """
 

@@ -35,7 +35,7 @@ from typing import Any
 import ray
 import torch
 
-from spotlight.disagg.runtime.stream import GroupStream
+from spotlight.backends.disaggregated_stream import GroupStream
 from spotlight.backends.protocol import TrainerView
 from spotlight.diffusion.sampler import Trajectory
 from spotlight.disagg.assisted import trainer_assisted_fragment

@@ -21,7 +21,7 @@ from spotlight.models.policy import Policy
 from spotlight.models.rebuild import policy_from_config
 from spotlight.components.checkpoint import load_model
 from spotlight.schema import ConfigError
-from spotlight.tasks.registry import get_task
+from spotlight.task_presets import get_task
 
 if TYPE_CHECKING:
     from spotlight.config import TrainConfig

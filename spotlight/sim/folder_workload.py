@@ -1,0 +1,258 @@
+"""One training iteration's work, from a pipeline folder's configs and the run's training fields.
+
+What `spotlight plan` and `spotlight simulate` know about a model they have not loaded:
+
+- FLOPs of one conditional forward of one sample, and of a forward and backward, counted on the meta
+  device (`spotlight.sim.forward_flops`), LoRA's adapters included;
+- forwards per image of a rollout: ``rollout.num_steps`` x 2 with true classifier-free guidance (the
+  unconditional half rides in the same batch; a guidance-distilled FLUX takes its scale as an input);
+- the update, per rollout sample, by each algorithm's own loop:
+  - nft (`spotlight.rl.nft`): ``num_epochs`` x ``nft_timesteps`` rows, each one forward of the sampling
+    policy θ_old, one forward and backward of θ, and one forward of the frozen reference when
+    ``nft_kl_beta`` > 0; CFG-free (DiffusionNFT trains the conditional velocity). Every sample is
+    counted, as if none had a zero advantage (the loop skips those: an upper bound);
+  - flow-grpo (`spotlight.rl.grpo`): ceil(``timestep_fraction`` x K) of the K SDE steps, each a guided
+    forward and backward (two rows with true CFG) and a guided reference forward when ``kl_beta`` > 0;
+  - gradient checkpointing adds one more forward per backward (the recompute);
+- bytes: the trainer's memory (`spotlight.models.pipelines.memory_estimate`, the estimate `spotlight
+  train` prints) at the largest micro-batch that fits the GPU; gradients all-reduced per optimizer step
+  (float32: LoRA's adapters or every weight, as the trainer keeps them); the trained weights broadcast
+  to the rollout devices after each update.
+
+A model that fits no micro-batch raises `DoesNotFitError`, one line naming what would make it fit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from spotlight.models.pipelines.family_config import DEFAULT_LORA_TARGETS
+from spotlight.models.pipelines.folder import PipelineFolder, read_pipeline_folder
+from spotlight.models.pipelines.guidance import uses_true_cfg
+from spotlight.models.pipelines.memory_estimate import (
+    GIB,
+    MemoryEstimate,
+    ModelSizes,
+    estimate_training_memory,
+    safetensors_shapes,
+)
+from spotlight.sim.count_cache import cached
+from spotlight.sim.forward_flops import ForwardCount, count_forward_flops, text_tokens
+from spotlight.sim.model_folders import resolve_model_folder
+
+if TYPE_CHECKING:
+    from spotlight.sim.device_profiles import DeviceProfile
+    from spotlight.sim.plan_config import PlanConfig
+
+__all__ = ["DoesNotFitError", "FolderWorkload", "derive_workload", "part_parameters", "update_passes"]
+
+FLOAT32_BYTES = 4  # trained weights, their gradients and LoRA's adapters stay float32 (adapter.py)
+
+
+class DoesNotFitError(ValueError):
+    """The model does not fit one GPU at any micro-batch; the message names what would make it fit."""
+
+
+@dataclass(frozen=True)
+class FolderWorkload:
+    """What one iteration costs, per image and per GPU (module docstring for each count).
+
+    FLOPs are per sample; ``update_passes`` counts the update's forwards and forward-backwards per
+    rollout sample; ``memory`` is the trainer's at ``micro_batch`` rows per forward and backward.
+    """
+
+    folder: Path
+    family: str
+    resolution: tuple[int, int]
+    vae_scale_factor: int
+    image_tokens: int
+    text_tokens: int
+    text_tokens_source: str
+    forward_flops: float
+    train_pass_flops: float
+    guidance_forwards: int
+    rollout_forwards_per_image: int
+    update_passes: dict[str, float]
+    update_flops_per_sample: float
+    optimizer_steps: int
+    parameters: int
+    trainable_parameters: int
+    text_encoder_parameters: int
+    vae_parameters: int
+    blocks: int
+    hidden: int
+    heads: int
+    memory: MemoryEstimate
+    micro_batch: int
+    minibatch_rows: int
+
+    @property
+    def rollout_flops_per_image(self) -> float:
+        return self.rollout_forwards_per_image * self.forward_flops
+
+    @property
+    def gradient_bytes(self) -> int:
+        """Bytes all-reduced per optimizer step (float32 gradients of what is trained)."""
+        return self.trainable_parameters * FLOAT32_BYTES
+
+    def all_reduce_bytes_per_device(self, devices: int) -> float:
+        """Bytes each of ``devices`` data-parallel trainers sends per optimizer step (ring: 2 (n - 1) / n)."""
+        return 2.0 * (devices - 1) / devices * self.gradient_bytes
+
+    @property
+    def broadcast_bytes(self) -> int:
+        """Bytes of trained weights handed to the rollout devices after each update."""
+        return self.trainable_parameters * FLOAT32_BYTES
+
+
+def part_parameters(folder: Path, part: str) -> int:
+    """Parameters of a pipeline part (text encoder, VAE): its safetensors headers, else its config on meta.
+
+    A folder of configs only (a hub snapshot without weights) has no headers to read, so the part is
+    built on the meta device from its config.json (no memory, no weights), once per config
+    (`spotlight.sim.count_cache`).
+    """
+    directory = folder / part
+    shapes = safetensors_shapes(directory)
+    if shapes:
+        return sum(math.prod(shape) for shape in shapes.values())
+    text = (directory / "config.json").read_text()
+    counted = cached("parameters", {"config": text}, lambda: {"parameters": _meta_parameters(directory)})
+    return int(counted["parameters"])
+
+
+def _meta_parameters(directory: Path) -> int:
+    import json
+
+    import torch
+
+    config = json.loads((directory / "config.json").read_text())
+    with torch.device("meta"):
+        if "_class_name" in config:  # a diffusers model (the VAE)
+            import diffusers
+
+            model = getattr(diffusers, config["_class_name"]).from_config(config)
+        else:
+            import transformers
+
+            loaded = transformers.AutoConfig.from_pretrained(str(directory))
+            model = getattr(transformers, loaded.architectures[0])._from_config(loaded)
+    return sum(p.numel() for p in model.parameters())
+
+
+def update_passes(config: PlanConfig, guided: bool) -> dict[str, float]:
+    """Forwards and forward-backwards of one rollout sample in one update, by algorithm (module docstring)."""
+    train, rollout = config.train, config.rollout
+    recompute = 1.0 if config.model.gradient_checkpointing else 0.0
+    if train.algorithm == "nft":
+        rows = float(train.num_epochs * train.nft_timesteps)
+        passes = {"forward and backward": rows, "sampling-policy forward": rows}
+        if train.nft_kl_beta > 0:
+            passes["reference forward"] = rows
+    else:
+        sde_steps = rollout.num_steps if rollout.sde_steps is None else min(rollout.sde_steps, rollout.num_steps)
+        rows = float(max(1, math.ceil(train.timestep_fraction * sde_steps)) * (2 if guided else 1))
+        passes = {"forward and backward": rows}
+        if train.kl_beta > 0:
+            passes["reference forward"] = rows
+    if recompute:
+        passes["checkpoint recompute forward"] = passes["forward and backward"]
+    return passes
+
+
+def _optimizer_steps(config: PlanConfig) -> int:
+    train = config.train
+    return train.num_minibatches * (train.num_epochs if train.algorithm == "nft" else 1)
+
+
+def _memory(config: PlanConfig, count: ForwardCount, sizes: ModelSizes, rows: int) -> MemoryEstimate:
+    train = config.train
+    uses_reference = train.kl_beta > 0 if train.algorithm == "flow-grpo" else train.nft_kl_beta > 0
+    copies = 1 + (train.ema_decay is not None) + (train.old_policy_decay > 0)
+    return estimate_training_memory(
+        sizes, dtype=config.dtype, finetune=config.model.finetune, optimizer=train.optimizer, frozen_copies=copies,
+        reference=uses_reference, tokens=count.image_tokens + count.text_tokens, rows=rows,
+        gradient_checkpointing=config.model.gradient_checkpointing)
+
+
+def _fit(config: PlanConfig, count: ForwardCount, sizes: ModelSizes, rows: int,
+         device: DeviceProfile) -> tuple[MemoryEstimate, int]:
+    """The memory at the largest micro-batch (``rows`` halved until it fits) and that micro-batch."""
+    micro = rows if config.train.micro_batch_size is None else min(rows, config.train.micro_batch_size)
+    while True:
+        estimate = _memory(config, count, sizes, micro)
+        if estimate.total <= device.memory_bytes or micro == 1:
+            break
+        micro = max(1, micro // 2)
+    if estimate.total > device.memory_bytes:
+        raise DoesNotFitError(_what_would_fit(config, estimate, device))
+    return estimate, micro
+
+
+def _what_would_fit(config: PlanConfig, estimate: MemoryEstimate, device: DeviceProfile) -> str:
+    parts = estimate.parts
+    fixes = []
+    if config.model.finetune == "full":
+        fixes.append("model.finetune=lora")
+        shardable = parts["transformer"] + parts["gradients"] + parts["optimizer"] + parts["frozen copies"]
+        rest = estimate.total - shardable
+        if rest < device.memory_bytes:
+            ranks = math.ceil(shardable / (device.memory_bytes - rest))
+            fixes.append(f"FSDP over {ranks} GPUs (trainer.devices={ranks} trainer.sharding=fsdp)")
+    if not config.model.gradient_checkpointing:
+        fixes.append("model.gradient_checkpointing=true")
+    fixes.append("a lower rollout.resolution")
+    return (f"{config.model.pretrained} does not fit one {device.name} ({device.memory_gb:g} GB) at micro-batch 1: "
+            f"the trainer needs {estimate.total / GIB:.1f} GiB ({estimate.summary().split(': ', 1)[1]}); "
+            f"try {', or '.join(fixes)}")
+
+
+def derive_workload(config: PlanConfig, device: DeviceProfile) -> FolderWorkload:
+    """The iteration's work for ``config`` (its ``model.pretrained`` folder) on ``device``.
+
+    Raises PipelineFolderError / UnknownTransformerError for a folder or resolution Spotlight cannot
+    take, and DoesNotFitError when no micro-batch fits the GPU; each in one line.
+    """
+    if config.model.pretrained is None:
+        raise ValueError("model.pretrained is not set: pass -s model.pretrained=FOLDER (a diffusers pipeline folder, "
+                         "weights optional) or a shipped config name such as sd3.5-medium")
+    folder: PipelineFolder = read_pipeline_folder(resolve_model_folder(config.model.pretrained))
+    resolution = config.rollout.resolution_hw or folder.default_resolution
+    tokens = text_tokens(folder, config.model.max_sequence_length, config.plan.prompt_tokens)
+    source = ("the prompt's tokens (plan.prompt_tokens, an assumption) + the chat template's 5"
+              if folder.family == "qwen-image" else "padded to the pipeline's max_sequence_length")
+    lora = None
+    if config.model.finetune == "lora":
+        lora = (config.model.lora_rank, config.model.lora_target_modules or DEFAULT_LORA_TARGETS)
+    count = count_forward_flops(folder, resolution, tokens, batch=1, lora=lora, backward=True)
+    assert count.train_flops is not None  # asked for with backward=True
+    guided = uses_true_cfg(folder.family, config.rollout.guidance_scale,
+                           bool(folder.transformer.get("guidance_embeds", False)))
+    passes = update_passes(config, guided)
+    update_flops = (passes["forward and backward"] * count.train_flops
+                    + sum(rows for name, rows in passes.items() if name != "forward and backward") * count.flops)
+    transformer = folder.transformer
+    blocks = int(transformer.get("num_layers", 0)) + int(transformer.get("num_single_layers", 0))
+    heads = int(transformer["num_attention_heads"])
+    hidden = heads * int(transformer["attention_head_dim"])
+    text = sum(part_parameters(folder.path, part) for part in folder.components if part.startswith("text_encoder"))
+    vae = part_parameters(folder.path, "vae")
+    sizes = ModelSizes(transformer=count.parameters, text_encoders=text, vae=vae, lora=count.lora_parameters,
+                       blocks=blocks, hidden=hidden)
+    rows = math.ceil(config.rollout.prompts_per_iteration * config.rollout.group_size / config.train.num_minibatches)
+    rows *= config.train.nft_timesteps if config.train.algorithm == "nft" else (2 if guided else 1)
+    memory, micro = _fit(config, count, sizes, rows, device)
+    trainable = count.parameters if config.model.finetune == "full" else count.lora_parameters
+    return FolderWorkload(
+        folder=folder.path, family=folder.family, resolution=tuple(resolution),
+        vae_scale_factor=folder.vae_scale_factor, image_tokens=count.image_tokens,
+        text_tokens=tokens, text_tokens_source=source, forward_flops=count.flops, train_pass_flops=count.train_flops,
+        guidance_forwards=2 if guided else 1,
+        rollout_forwards_per_image=config.rollout.num_steps * (2 if guided else 1),
+        update_passes=passes, update_flops_per_sample=update_flops, optimizer_steps=_optimizer_steps(config),
+        parameters=count.parameters, trainable_parameters=trainable, text_encoder_parameters=text,
+        vae_parameters=vae, blocks=blocks, hidden=hidden, heads=heads, memory=memory, micro_batch=micro,
+        minibatch_rows=rows)
