@@ -294,14 +294,20 @@ def simulate(
     modes: Annotated[str, typer.Option(help=f"Comma-separated modes to compare, from {MODES_HELP}.")] = ALL_SIM_MODES,
     out: Annotated[Path | None, typer.Option(help="Write every mode's summary and timeline as JSON.")] = None,
 ) -> None:
-    """Simulate the loop at cluster scale: time, dollars and utilisation to target for each mode."""
+    """Simulate the loop at cluster scale: time, dollars and utilisation to target for each mode.
+
+    With -s model.pretrained=FOLDER the workload is the folder's (FLOPs counted from its configs, see
+    `spotlight plan`); otherwise the config's typed workload section."""
     import json
 
-    from spotlight.sim.sim_config import SimConfig
+    from spotlight.sim.plan_config import PlanConfig, simulation
     from spotlight.sim.simulator import simulate as run_simulation
 
     try:
-        base = load_config(SimConfig, config, set_)
+        base, work, _ = simulation(load_config(PlanConfig, config, set_))
+        if work is not None:
+            console.print(f"workload from {work.folder}: {work.forward_flops / 1e12:.3g} TFLOP per forward, "
+                          f"{work.update_flops_per_sample / 1e12:.3g} TFLOP of update per sample")
         results = {mode: run_simulation(base.model_copy(update={"mode": mode})) for mode in _parse_modes(modes)}
     except ValueError as error:  # the simulator's checks of its inputs: one line each
         _fail(error)
@@ -325,28 +331,29 @@ def plan(
     deadline_hours: Annotated[float, typer.Argument(help="Time to target that the mix must meet.")],
     config: ConfigOption = None,
     set_: SetOption = None,
+    json_: Annotated[bool, typer.Option("--json", help="Print the plan as JSON on stdout, for tools.")] = False,
 ) -> None:
-    """Sweep cluster mixes (on-demand x spot x price source) and print the cheapest that meets a deadline."""
-    from spotlight.sim.cluster_mix import cheapest_mix
-    from spotlight.sim.sim_config import SimConfig
+    """Price a run before renting it: seconds per iteration, memory per GPU, the cheapest cluster for a deadline.
+
+    The workload comes from -s model.pretrained=FOLDER (a pipeline folder, weights optional, or a shipped
+    config: sd3.5-medium, qwen-image) with the training fields (rollout.*, train.*) and plan.gpu."""
+    import json
+
+    from spotlight.sim.plan_config import PlanConfig
+    from spotlight.sim.plan_report import make_plan
+    from spotlight.sim.plan_text import print_plan
 
     try:
-        sweep = cheapest_mix(deadline_hours * 3600.0, load_config(SimConfig, config, set_))
-    except ValueError as error:  # the simulator's checks of its inputs: one line each
+        report = make_plan(load_config(PlanConfig, config, set_), deadline_hours)
+    except ValueError as error:  # the folder's, the profile's, the fit's and the simulator's checks: one line each
         _fail(error)
-    table = Table(title=f"cluster mixes, deadline {deadline_hours:g} h")
-    for column in ("on-demand", "spot", "instances", "hours", "dollars", "meets"):
-        table.add_column(column, justify="right")
-    for row in sorted(sweep.rows, key=lambda r: r.dollars_to_target):
-        table.add_row(str(row.on_demand_devices), str(row.spot_devices),
-                      f"{row.on_demand_instance} / {row.spot_instance}", f"{row.time_to_target_s / 3600:.2f}",
-                      f"{row.dollars_to_target:.0f}", "yes" if row.meets_deadline else "no")
-    Console().print(table)
-    if sweep.best is None:
-        _fail(RuntimeError(f"no mix meets {deadline_hours:g} h: raise the deadline or add device options"))
-    best = sweep.best
-    console.print(f"cheapest: {best.on_demand_devices} on-demand ({best.on_demand_instance}) + {best.spot_devices} "
-                  f"spot ({best.spot_instance}): {best.time_to_target_s / 3600:.2f} h, ${best.dollars_to_target:.0f}")
+    if report.with_exploration is None:
+        _fail(RuntimeError(f"no mix meets {deadline_hours:g} h (the fastest reaches the target in "
+                           f"{report.fastest_h:.2f} h): raise the deadline or add device options"))
+    if json_:
+        sys.stdout.write(json.dumps(report.to_json(), indent=1, default=str) + "\n")
+    else:
+        print_plan(report, Console())
 
 
 @app.command()
