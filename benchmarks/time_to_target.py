@@ -158,7 +158,7 @@ def outcome(job: Job, target: float, prices: dict[str, float], reference: Path |
     trained = [r for r in records[1:] if "rollout/group_reward_std" in r]
     config = load_config(TrainConfig, job.run_dir / "config.yaml")
     candidates = [r["planner/num_candidates"] for r in trained if "planner/num_candidates" in r]
-    explored = exploration_stats(records, reached["iteration"] if reached else None)
+    explored = exploration_stats(records, None)  # every iteration, as group_reward_std: the planner's picks
     return {
         "mode": job.mode, "seed": job.seed, "curve": curve, "reached": reached is not None,
         "wall_s_to_target": reached["wall_s"] if reached else None,
