@@ -17,7 +17,7 @@ from spotlight.disagg.section import DisaggSection
 from spotlight.explore.planner import PlannerSection
 from spotlight.models.policy_section import PolicySection
 from spotlight.modes import Mode
-from spotlight.ranks.section import TrainerSection
+from spotlight.ranks.section import TrainerSection, ranks_problem
 from spotlight.rewards.section import RewardSection
 from spotlight.components.guard import GuardSection
 from spotlight.runtime.cores import check_cores, unpinned_cores
@@ -271,29 +271,11 @@ class TrainConfig(Section):
                                  f"{self.device_cores}: Ray's control plane goes on cores no device uses; give "
                                  "disjoint lists, or control_cores null")
         return self
-
     @model_validator(mode="after")
     def _ranks_fit(self) -> TrainConfig:
-        devices = self.trainer.devices
-        if devices == 1:
-            return self
-        cores = self.device_cores if self.device_cores is not None else unpinned_cores()
-        if self.pin_devices and devices > len(cores):
-            raise ValueError(f"trainer.devices={devices} pins one rank per core, but only {len(cores)} "
-                             f"core(s) {cores} are given (device_cores or this process's cores): lower "
-                             f"trainer.devices to {len(cores)}, or set pin_devices false")
-        if self.mode is Mode.DISAGGREGATED:
-            raise ValueError(f"trainer.devices={devices}: mode disaggregated trains on one rank (its generators stream "
-                             "each finished group to one trainer process, which steps as groups arrive; K ranks would "
-                             "need every group on every rank in one order): set trainer.devices 1, or use mode "
-                             "vanilla or spotlight with K ranks")
-        diffusers = self.model.pretrained is not None or self.model.family != "tinydit"
-        if self.trainer.sharding == "fsdp" and diffusers and self.model.finetune == "lora":
-            raise ValueError("trainer.sharding fsdp with model.finetune lora: LoRA trains with ddp (only its adapters' "
-                             "gradients are all-reduced; the frozen base needs no sharding): set trainer.sharding ddp")
-        if self.trainer.sharding == "fsdp":
-            raise ValueError(f"trainer.devices={devices} with trainer.sharding fsdp: not in the loop yet (θ_old, the "
-                             "reference, the EMA and checkpoints are still whole on rank 0): set trainer.sharding ddp")
+        problem = ranks_problem(self)  # K ranks: cores, and what the loop cannot yet run on K (ranks/section.py)
+        if problem is not None:
+            raise ValueError(problem)
         return self
 
     @property

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -21,3 +21,35 @@ class TrainerSection(Section):
     sharding: Literal["ddp", "fsdp"] = "ddp"
     cpu_offload: bool = False  # fsdp: keep the sharded weights, gradients and moments in host memory
     activation_checkpointing: bool = False  # fsdp: recompute each block's activations in the backward
+
+
+def ranks_problem(config: Any) -> str | None:
+    """Why a `TrainConfig` cannot run on its ``trainer.devices`` K > 1 ranks, one line naming the knob; None: it can.
+
+    Disaggregated mode: its generators stream each finished group to one trainer process, which steps as
+    groups arrive; K ranks would need every group on every rank in one order. FSDP2: LoRA stays on DDP
+    (only the adapters' gradients are all-reduced), and a full fine-tune is not sharded in the loop yet.
+    """
+    from spotlight.modes import Mode
+    from spotlight.runtime.cores import unpinned_cores
+
+    devices = config.trainer.devices
+    if devices == 1:
+        return None
+    cores = config.device_cores if config.device_cores is not None else unpinned_cores()
+    if config.pin_devices and devices > len(cores):
+        return (f"trainer.devices={devices} pins one rank per core, but only {len(cores)} core(s) {cores} are given "
+                f"(device_cores or this process's cores): lower trainer.devices to {len(cores)}, or set pin_devices "
+                "false")
+    if config.mode is Mode.DISAGGREGATED:
+        return (f"trainer.devices={devices}: mode disaggregated trains on one rank (its generators stream each "
+                "finished group to one trainer process, which steps as groups arrive; K ranks would need every group "
+                "on every rank in one order): set trainer.devices 1, or use mode vanilla or spotlight with K ranks")
+    diffusers = config.model.pretrained is not None or config.model.family != "tinydit"
+    if config.trainer.sharding == "fsdp" and diffusers and config.model.finetune == "lora":
+        return ("trainer.sharding fsdp with model.finetune lora: LoRA trains with ddp (only its adapters' gradients "
+                "are all-reduced; the frozen base needs no sharding): set trainer.sharding ddp")
+    if config.trainer.sharding == "fsdp":
+        return (f"trainer.devices={devices} with trainer.sharding fsdp: not in the loop yet (θ_old, the reference, "
+                "the EMA and checkpoints are still whole on rank 0): set trainer.sharding ddp")
+    return None
