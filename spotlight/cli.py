@@ -217,6 +217,10 @@ def _print_outcome(summary: Any) -> None:
               f"{final['iteration']}")
     if summary.stopped:
         print(summary.stopped)
+    invalid = int(sum(record.get("rollout/invalid_samples", 0) for record in summary.history))
+    if invalid:  # dropped from training: said once, with where the reasons are
+        print(f"invalid samples: {invalid} over the run (the reward could not score them; left out of training); "
+              f"the reasons are in {summary.run_dir / RUN_LOG_NAME}")
 
 
 # What the utilisation totals divide by (spotlight/runtime/spot/usage.py, run_totals).

@@ -382,23 +382,26 @@ class PretrainConfig(Section):
     eval: EvalSection = EvalSection()
 
 
-def _format_validation_error(error: ValidationError, source: str) -> str:
+def _format_validation_error(error: ValidationError, source: str, overrides: dict[str, str] | None = None) -> str:
     first = error.errors()[0]
     field = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    given = [override for key, override in (overrides or {}).items()  # the -s that set the field (or its section)
+             if f"{field}.".startswith(f"{key}.") or f"{key}.".startswith(f"{field}.")]
     detail = first["msg"]
     got = "" if first["type"] == "value_error" else f" (got {first.get('input')!r})"
     if first["type"] == "extra_forbidden":
         detail = "unknown field (check the spelling; see configs/ for every field)"
     more = f" (+{error.error_count() - 1} more)" if error.error_count() > 1 else ""
-    return f"{source}: {field}: {detail}{got}{more}"
+    return f"{f'-s {given[-1]}' if given else source}: {field}: {detail}{got}{more}"
 
 
-def parse_config(model: type[Section], data: dict[str, Any], source: str = "config") -> Any:
-    """Validate ``data`` into ``model``, raising a one-line :class:`ConfigError`."""
+def parse_config(model: type[Section], data: dict[str, Any], source: str = "config",
+                 overrides: dict[str, str] | None = None) -> Any:
+    """Validate ``data`` into ``model``, raising a one-line :class:`ConfigError` (naming the ``-s`` at fault)."""
     try:
         return model.model_validate(data)
     except ValidationError as error:
-        raise ConfigError(_format_validation_error(error, source)) from None
+        raise ConfigError(_format_validation_error(error, source, overrides)) from None
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -475,7 +478,7 @@ def load_config(model: type[Section], path: str | Path | None, overrides: list[s
         except yaml.YAMLError as error:
             raise ConfigError(f"override {override!r}: the value is not valid YAML ({_yaml_problem(error)}): quote "
                               f"it, e.g. -s '{key}=\"...\"'") from None
-    return parse_config(model, data, source)
+    return parse_config(model, data, source, {override.partition("=")[0]: override for override in overrides or []})
 
 
 def dump_config(config: Section, path: Path) -> None:

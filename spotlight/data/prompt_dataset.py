@@ -16,12 +16,15 @@ lists each of its 553 prompts four times, GenEval's four images per prompt.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from spotlight.schema import ConfigError
+
+logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "test")
 TEXT_SUFFIX = ".txt"
@@ -131,6 +134,12 @@ def load_prompt_folder(folder: str | Path) -> PromptDataset:
     if not uses_metadata and not all(text is not None for text, _ in files.values()):
         found = sorted(path.name for pair in files.values() for path in pair if path is not None)
         raise DatasetError(f"data.dataset {folder} holds {', '.join(found) or 'neither split'}: it needs {expected}")
+    if not uses_metadata:  # one split's metadata beside the text layout: checked, and said to be unused
+        for meta in (meta for _, meta in files.values() if meta is not None):
+            read_metadata_file(meta)  # a broken file is an error, not silently left unread
+            logger.warning(f"{meta} is not used: metadata is read when both splits have it "
+                           f"({' and '.join(split + METADATA_SUFFIX for split in SPLITS)}); the prompts come from "
+                           f"the {TEXT_SUFFIX} files")
     splits: dict[str, list[str]] = {}
     metadata: dict[str, dict[str, Any]] = {}
     kinds: dict[str, str] = {}

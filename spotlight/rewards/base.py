@@ -12,11 +12,14 @@ third argument; every other reward keeps the two-argument ``score`` and never se
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 Metadata = Mapping[str, Any]  # one prompt's record, e.g. GenEval's {"tag": ..., "include": [...]}
 
@@ -180,4 +183,7 @@ def guarded_score(reward: Reward, images: torch.Tensor, prompts: Sequence[str],
             f"reward {reward.name!r} failed on all {batch} samples ({cause}); "
             "fix the reward or its inputs (images float (B, 3, H, W) in [0, 1], prompts of its task)"
         )
+    if errors:  # the reasons of the samples left out (the run's summary counts them): the run's log keeps them
+        logger.info("reward %r: %d of %d samples invalid: %s", reward.name, int((~valid).sum()), batch,
+                    "; ".join(errors[:3]) + (f" (+{len(errors) - 3} more)" if len(errors) > 3 else ""))
     return RewardOutput(rewards, strict, valid, errors, terms)

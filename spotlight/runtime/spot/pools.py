@@ -35,6 +35,7 @@ from spotlight.runtime.cores import spawning_on
 from spotlight.runtime.spot.device import DeviceCall, SpotDevice
 from spotlight.runtime.spot.events import EventLog
 from spotlight.runtime.spot.ray_nodes import NodeStartError, start_node
+from spotlight.runtime.spot.reaper import Reaper
 from spotlight.runtime.spot.worker import WorkerSettings
 
 __all__ = ["CallResult", "LocalCluster", "PoolError", "SpotPool", "attach_cluster", "spot_nodes"]
@@ -112,6 +113,9 @@ class LocalCluster:
         self.cluster._shutdown_at_exit = False
         self._closed = False
         atexit.register(self.shutdown)
+        # atexit does not run on SIGKILL, and spot nodes lack the head's parent-death signal: the reaper
+        # process kills the session's processes when this one ends, however (runtime/spot/reaper.py)
+        self._reaper = Reaper(self.cluster.head_node.session_name)
         with spawning_on(control_cores):  # the driver's Ray threads (gRPC, object transfers) too
             ray.init(address=self.cluster.address, **{k: v for k, v in kwargs.items() if k != "include_dashboard"})
         self._nodes: dict[str, Any] = {}
@@ -147,6 +151,7 @@ class LocalCluster:
         self._closed = True
         ray.shutdown()
         self.cluster.shutdown()
+        self._reaper.finish()  # and whatever the shutdown left of the session
         self._loopback_only()
 
 
