@@ -19,7 +19,7 @@ from spotlight.models.policy_section import PolicySection
 from spotlight.modes import Mode
 from spotlight.ranks.section import TrainerSection, ranks_problem
 from spotlight.rewards.section import RewardSection
-from spotlight.components.guard import GuardSection
+from spotlight.components.guard_section import GuardSection
 from spotlight.runtime.cores import check_cores, unpinned_cores
 from spotlight.runtime.section import RuntimeSection
 from spotlight.schema import ConfigError, Section  # noqa: F401 (re-exported: ConfigError, Section)

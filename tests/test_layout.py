@@ -1,0 +1,123 @@
+"""The package's layout: folders that import one way, no kind branch outside ``spotlight.models``, small folders.
+
+`tests/test_structure.py` holds the module-level rules (no import cycle, no file over 500 lines, the
+maths below the machinery); this file holds the folder-level ones that keep the layout readable
+(``docs/architecture.md`` draws it):
+
+- **Folders import one way.** Collapse every module to its top-level folder (``spotlight.runtime.sp.agent``
+  to ``runtime``; a top-level module is its own) and the graph between folders has no cycle. A config
+  *section* (a module named ``section`` or ``*_section``) belongs to the configuration, which gathers
+  the sections of every folder: that is how ``spotlight.config`` sits above the folders whose sections
+  it reads without their importing it back.
+- **No kind branch outside ``spotlight.models``.** The loop, the workers and SP ask a policy (its
+  protocol, `spotlight.models.policy`) or a kind's spec (`spotlight.models.spec`); an ``isinstance`` on a
+  model class or a ``getattr``/``hasattr`` probe for a policy member elsewhere is the branching the specs
+  replaced.
+- **No folder over 15 modules**: past that a folder hides its structure; split it by job.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from test_structure import PACKAGE_ROOT, ModuleImports, cycles, import_graph, package_modules, write_package
+
+MAX_MODULES_PER_FOLDER = 15
+KIND_TYPES = frozenset({"TinyDiT", "TinyDiTConfig", "DiffusersPolicy", "DiffusersPolicyConfig", "PipelinePolicy",
+                        "LoraShadow", "ReferencePolicy"})
+POLICY_MEMBERS = frozenset({"tokenize", "decode_images", "schedule", "save_for_diffusers", "shard_root", "transformer",
+                            "latent_shape", "describe", "broadcast_state", "lora_parameters", "bind_prompts"})
+
+
+def folder_of(module: str) -> str:
+    """The top-level folder of ``module`` (a top-level module is its own); a config section's is ``config``."""
+    parts = module.split(".")
+    if parts[-1] == "section" or parts[-1].endswith("_section"):
+        return "config"
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def folder_graph(graph: dict[str, ModuleImports]) -> dict[str, frozenset[str]]:
+    """Each folder with the folders its modules import (itself left out)."""
+    edges: dict[str, set[str]] = {}
+    for module, imports in graph.items():
+        source = folder_of(module)
+        edges.setdefault(source, set()).update(folder_of(t) for t in imports.spotlight if folder_of(t) != source)
+    return {folder: frozenset(targets) for folder, targets in edges.items()}
+
+
+def folder_cycle_witnesses(graph: dict[str, ModuleImports]) -> list[str]:
+    """For each cycle between folders, the module imports that close it (``a.x imports b.y``)."""
+    found = []
+    for cycle in cycles(folder_graph(graph)):
+        steps = []
+        for source, target in zip(cycle, cycle[1:]):
+            witness = next(f"{m} imports {t}" for m, i in sorted(graph.items()) if folder_of(m) == source
+                           for t in sorted(i.spotlight) if folder_of(t) == target)
+            steps.append(witness)
+        found.append(" -> ".join(cycle) + " (" + "; ".join(steps) + ")")
+    return found
+
+
+def kind_branches(root: Path = PACKAGE_ROOT) -> list[str]:
+    """``path:line`` of each isinstance on a model class, or getattr/hasattr probe of a policy member, outside models/."""
+    found = []
+    for module, path in package_modules(root).items():
+        if module.startswith(f"{root.name}.models"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and len(node.args) >= 2):
+                continue
+            kind, target = node.func.id, node.args[1]
+            if kind == "isinstance":
+                names = target.elts if isinstance(target, ast.Tuple) else [target]
+                if any((n.id if isinstance(n, ast.Name) else getattr(n, "attr", None)) in KIND_TYPES for n in names):
+                    found.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+            elif kind in ("getattr", "hasattr") and isinstance(target, ast.Constant) and target.value in POLICY_MEMBERS:
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+    return sorted(found)
+
+
+def crowded_folders(root: Path = PACKAGE_ROOT, limit: int = MAX_MODULES_PER_FOLDER) -> dict[str, int]:
+    """Folders with more than ``limit`` modules (``__init__`` not counted), by path relative to the repository."""
+    counts = {folder: sum(1 for f in folder.glob("*.py") if f.name != "__init__.py")
+              for folder in [root, *sorted(p for p in root.rglob("*") if p.is_dir() and p.name != "__pycache__")]}
+    return {str(folder.relative_to(root.parent)): n for folder, n in counts.items()
+            if n > limit and folder != root}
+
+
+def test_folders_import_one_way() -> None:
+    found = folder_cycle_witnesses(import_graph())
+    assert not found, "folders that import each other (move the shared part below both): " + " | ".join(found)
+
+
+def test_no_kind_branch_outside_models() -> None:
+    assert kind_branches() == [], "ask the policy or its spec (spotlight.models.spec) instead of branching on its kind"
+
+
+def test_no_folder_over_15_modules() -> None:
+    assert crowded_folders() == {}, "split each folder by job"
+
+
+# --- the checks themselves, on small packages written here -----------------------------------------
+
+
+def test_a_folder_cycle_is_named_with_the_imports_that_close_it(tmp_path: Path) -> None:
+    package = write_package(tmp_path, {
+        "a/__init__.py": "", "a/x.py": "from spotlight.b.y import f\n",
+        "b/__init__.py": "", "b/y.py": "def f():\n    from spotlight.a.z import g\n", "a/z.py": "",
+        "b/section.py": "", "config.py": "from spotlight.b.section import S\n", "a/w.py": "import spotlight.config\n",
+    })
+    found = folder_cycle_witnesses(import_graph(package))
+    assert found == ["a -> b -> a (spotlight.a.x imports spotlight.b.y; spotlight.b.y imports spotlight.a.z)"]
+
+
+def test_kind_branches_and_crowded_folders_are_found(tmp_path: Path) -> None:
+    package = write_package(tmp_path, {
+        "models/__init__.py": "", "models/m.py": "isinstance(p, TinyDiT)\n",
+        "loop.py": "isinstance(p, (int, spec.DiffusersPolicy))\ngetattr(p, 'tokenize', None)\ngetattr(p, 'other')\n",
+        **{f"many/m{i}.py": "" for i in range(16)}, "many/__init__.py": "",
+    })
+    assert kind_branches(package) == ["spotlight/loop.py:1", "spotlight/loop.py:2"]
+    assert crowded_folders(package) == {"spotlight/many": 16}
