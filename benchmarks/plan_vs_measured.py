@@ -49,10 +49,11 @@ from published_pipelines import save_pipeline
 
 from spotlight.models.pipelines.family_config import DiffusersPolicyConfig
 from spotlight.models.rebuild import policy_from_config
+from spotlight.plan_config import PlanConfig
 from spotlight.sim.device_profiles import DeviceProfile, load_profiles, write_measured_efficiency
+from spotlight.sim.folder_sim import PlanSection
 from spotlight.sim.folder_workload import FolderWorkload, derive_workload
 from spotlight.sim.model_folders import model_folder
-from spotlight.sim.plan_config import PlanConfig, PlanSection
 
 SHIPPED = {"sd35m": "sd3.5-medium", "qwen-image": "qwen-image"}  # full-size runs: the plan's config-only folders
 GPU_PROFILES = (("H200", "H200"), ("H100", "H100-SXM"))  # device-name substring -> profile
@@ -98,7 +99,7 @@ def plan_of(run: dict[str, Any], work: Path, profile: DeviceProfile) -> FolderWo
     prompt_tokens = _qwen_prompt_tokens(model, run_args, work) if model == "qwen-image" else 32
     plan = PlanConfig(model=train.model, rollout=train.rollout, train=train.train, dtype=train.dtype,
                       plan=PlanSection(gpu=profile.name, prompt_tokens=prompt_tokens))
-    return derive_workload(plan, profile.model_copy(update={"memory_gb": 1e6}))  # fit is not what is checked
+    return derive_workload(plan, profile.model_copy(update={"memory_gb": 1e6}))  # the fit is not what is checked
 
 
 def predicted_flops(work: FolderWorkload, images: int) -> dict[str, float]:

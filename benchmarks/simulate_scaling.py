@@ -20,9 +20,9 @@ import json
 from provenance import RESULTS, git_commit, machine
 
 from spotlight.config import parse_config
+from spotlight.plan_config import PlanConfig
 from spotlight.sim.device_profiles import profile
 from spotlight.sim.folder_workload import derive_workload
-from spotlight.sim.plan_config import PlanConfig
 from spotlight.sim.scaling import Interconnect, all_reduce_s, scaling_row
 
 GPUS = (8, 16, 32, 64, 128, 256)

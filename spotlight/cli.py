@@ -304,7 +304,8 @@ def simulate(
     `spotlight plan`); otherwise the config's typed workload section."""
     import json
 
-    from spotlight.sim.plan_config import PlanConfig, simulation
+    from spotlight.plan_config import PlanConfig
+    from spotlight.sim.folder_sim import simulation
     from spotlight.sim.simulator import simulate as run_simulation
 
     try:
@@ -343,7 +344,7 @@ def plan(
     config: sd3.5-medium, qwen-image) with the training fields (rollout.*, train.*) and plan.gpu."""
     import json
 
-    from spotlight.sim.plan_config import PlanConfig
+    from spotlight.plan_config import PlanConfig
     from spotlight.sim.plan_report import make_plan
     from spotlight.sim.plan_text import print_plan
 

@@ -1,28 +1,27 @@
-"""What `spotlight plan` and `spotlight simulate` read: a simulation, plus the training fields of the run to price.
+"""A simulation whose workload comes from a pipeline folder: `spotlight plan`'s and `spotlight simulate`'s input.
 
-`PlanConfig` is a `SimConfig` with the training config's own ``model``, ``rollout``, ``train`` and
-``dtype`` sections (the same classes `spotlight train` validates, so ``-s model.pretrained=DIR -s
-rollout.resolution=1280 -s train.algorithm=nft`` mean what they mean there) and a ``plan`` section for
-the GPU. With ``model.pretrained`` set, `simulation` derives the simulator's workload and loop shape
-from the folder (`spotlight.sim.folder_workload`); without it the typed ``workload`` section is used
-as before (configs/simulate-paper.yaml).
+What they load is `spotlight.plan_config.PlanConfig`: a `SimConfig` with the training config's own
+``model``, ``rollout``, ``train`` and ``dtype`` sections and the ``plan`` section here (the GPU). It is
+defined above both the simulator and the training config (the simulator imports no training config);
+here it is read through the fields it has (`PlanInputs`). With ``model.pretrained`` set, `simulation`
+derives the simulator's workload and loop shape from the folder (`spotlight.sim.folder_workload`);
+without it the typed ``workload`` section is used as before (configs/simulate-paper.yaml).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Protocol
 
 from pydantic import Field
 
-from spotlight.config import RolloutSection, TrainSection
-from spotlight.models.policy_section import PolicySection
 from spotlight.schema import Section
+from spotlight.sim.convergence import ConvergenceSection, SignalSection
 from spotlight.sim.device_profiles import DeviceProfile, profile
-from spotlight.sim.folder_workload import FolderWorkload, derive_workload
-from spotlight.sim.sim_config import LoopSection, SimConfig
+from spotlight.sim.folder_workload import DEFAULT_PROMPT_TOKENS, FolderWorkload, RunFields, derive_workload
+from spotlight.sim.sim_config import ClusterSection, LoopSection, SimConfig
 from spotlight.sim.workload import WorkloadSection
 
-__all__ = ["PlanConfig", "PlanSection", "simulation"]
+__all__ = ["PlanInputs", "PlanSection", "simulation"]
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -38,25 +37,28 @@ class PlanSection(Section):
 
     gpu: str = "H100-SXM"
     profiles: str | None = None
-    prompt_tokens: int = Field(32, ge=1)
+    prompt_tokens: int = Field(DEFAULT_PROMPT_TOKENS, ge=1)
 
 
-class PlanConfig(SimConfig):
-    """A simulation and the training fields of the run it prices (module docstring)."""
+class PlanInputs(RunFields, Protocol):
+    """What `simulation` and `spotlight.sim.plan_report` read of a `spotlight.plan_config.PlanConfig`."""
 
-    model: PolicySection = PolicySection()
-    rollout: RolloutSection = RolloutSection()
-    train: TrainSection = TrainSection()
-    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
-    plan: PlanSection = PlanSection()
+    cluster: ClusterSection
+    workload: WorkloadSection
+    loop: LoopSection
+    signal: SignalSection
+    convergence: ConvergenceSection
+    plan: PlanSection
 
-    @property
-    def from_folder(self) -> bool:
-        """Whether the workload comes from a pipeline folder (``model.pretrained``) rather than ``workload``."""
-        return self.model.pretrained is not None
+    def model_dump(self, **kwargs: Any) -> dict[str, Any]: ...
 
 
-def _workload_section(config: PlanConfig, work: FolderWorkload, device: DeviceProfile) -> WorkloadSection:
+def from_folder(config: PlanInputs) -> bool:
+    """Whether the workload comes from a pipeline folder (``model.pretrained``) rather than ``workload``."""
+    return config.model.pretrained is not None
+
+
+def _workload_section(config: PlanInputs, work: FolderWorkload, device: DeviceProfile) -> WorkloadSection:
     """The simulator's workload: counted FLOPs and the GPU's profile over the typed section's other fields."""
     return config.workload.model_copy(update={  # a non-square image's SP traffic is priced as its height's square
         "resolution": work.resolution[0], "vae_downsample": work.vae_scale_factor, "patch_size": 2,
@@ -72,17 +74,17 @@ def _workload_section(config: PlanConfig, work: FolderWorkload, device: DevicePr
     })
 
 
-def simulation(config: PlanConfig) -> tuple[SimConfig, FolderWorkload | None, DeviceProfile | None]:
+def simulation(config: PlanInputs) -> tuple[SimConfig, FolderWorkload | None, DeviceProfile | None]:
     """The SimConfig to run, and the folder's workload and GPU profile when it comes from a folder.
 
     From a folder, the loop's prompts and group size are ``rollout``'s, and every workload number the
     folder or the profile answers replaces the typed one. Raises the folder's, the profile's and the
     fit's one-line errors.
     """
-    if not config.from_folder:
+    if not from_folder(config):
         return SimConfig.model_validate(config.model_dump(include=set(SimConfig.model_fields))), None, None
     device = profile(config.plan.gpu, config.plan.profiles)
-    work = derive_workload(config, device)
+    work = derive_workload(config, device, config.plan.prompt_tokens)
     loop: LoopSection = config.loop.model_copy(update={
         "prompts_per_iteration": config.rollout.prompts_per_iteration, "group_size": config.rollout.group_size})
     data = config.model_dump(include=set(SimConfig.model_fields))

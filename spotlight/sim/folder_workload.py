@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from spotlight.models.pipelines.family_config import DEFAULT_LORA_TARGETS
 from spotlight.models.pipelines.folder import PipelineFolder, read_pipeline_folder
@@ -45,11 +45,26 @@ from spotlight.sim.model_folders import resolve_model_folder
 
 if TYPE_CHECKING:
     from spotlight.sim.device_profiles import DeviceProfile
-    from spotlight.sim.plan_config import PlanConfig
 
-__all__ = ["DoesNotFitError", "FolderWorkload", "derive_workload", "part_parameters", "update_passes"]
+__all__ = ["DoesNotFitError", "FolderWorkload", "RunFields", "derive_workload", "part_parameters", "update_passes"]
 
+DEFAULT_PROMPT_TOKENS = 32  # Qwen-Image: GenEval/OCR-length prompts (PlanSection.prompt_tokens)
 FLOAT32_BYTES = 4  # trained weights, their gradients and LoRA's adapters stay float32 (adapter.py)
+
+
+class RunFields(Protocol):
+    """The training config's fields a plan reads (`spotlight.config`'s sections; the simulator imports none).
+
+    model: pretrained, finetune, lora_rank, lora_target_modules, max_sequence_length,
+    gradient_checkpointing; rollout: resolution_hw, num_steps, sde_steps, guidance_scale,
+    prompts_per_iteration, group_size; train: algorithm, optimizer, num_epochs, num_minibatches,
+    nft_timesteps, nft_kl_beta, kl_beta, timestep_fraction, micro_batch_size, ema_decay, old_policy_decay.
+    """
+
+    model: Any
+    rollout: Any
+    train: Any
+    dtype: Any
 
 
 class DoesNotFitError(ValueError):
@@ -143,7 +158,7 @@ def _meta_parameters(directory: Path) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def update_passes(config: PlanConfig, guided: bool) -> dict[str, float]:
+def update_passes(config: RunFields, guided: bool) -> dict[str, float]:
     """Forwards and forward-backwards of one rollout sample in one update, by algorithm (module docstring)."""
     train, rollout = config.train, config.rollout
     recompute = 1.0 if config.model.gradient_checkpointing else 0.0
@@ -163,12 +178,12 @@ def update_passes(config: PlanConfig, guided: bool) -> dict[str, float]:
     return passes
 
 
-def _optimizer_steps(config: PlanConfig) -> int:
+def _optimizer_steps(config: RunFields) -> int:
     train = config.train
     return train.num_minibatches * (train.num_epochs if train.algorithm == "nft" else 1)
 
 
-def _memory(config: PlanConfig, count: ForwardCount, sizes: ModelSizes, rows: int) -> MemoryEstimate:
+def _memory(config: RunFields, count: ForwardCount, sizes: ModelSizes, rows: int) -> MemoryEstimate:
     train = config.train
     uses_reference = train.kl_beta > 0 if train.algorithm == "flow-grpo" else train.nft_kl_beta > 0
     copies = 1 + (train.ema_decay is not None) + (train.old_policy_decay > 0)
@@ -178,7 +193,7 @@ def _memory(config: PlanConfig, count: ForwardCount, sizes: ModelSizes, rows: in
         gradient_checkpointing=config.model.gradient_checkpointing)
 
 
-def _fit(config: PlanConfig, count: ForwardCount, sizes: ModelSizes, rows: int,
+def _fit(config: RunFields, count: ForwardCount, sizes: ModelSizes, rows: int,
          device: DeviceProfile) -> tuple[MemoryEstimate, int]:
     """The memory at the largest micro-batch (``rows`` halved until it fits) and that micro-batch."""
     micro = rows if config.train.micro_batch_size is None else min(rows, config.train.micro_batch_size)
@@ -192,7 +207,7 @@ def _fit(config: PlanConfig, count: ForwardCount, sizes: ModelSizes, rows: int,
     return estimate, micro
 
 
-def _what_would_fit(config: PlanConfig, estimate: MemoryEstimate, device: DeviceProfile) -> str:
+def _what_would_fit(config: RunFields, estimate: MemoryEstimate, device: DeviceProfile) -> str:
     parts = estimate.parts
     fixes = []
     if config.model.finetune == "full":
@@ -210,8 +225,11 @@ def _what_would_fit(config: PlanConfig, estimate: MemoryEstimate, device: Device
             f"try {', or '.join(fixes)}")
 
 
-def derive_workload(config: PlanConfig, device: DeviceProfile) -> FolderWorkload:
+def derive_workload(config: RunFields, device: DeviceProfile, prompt_tokens: int | None = None) -> FolderWorkload:
     """The iteration's work for ``config`` (its ``model.pretrained`` folder) on ``device``.
+
+    ``prompt_tokens``: Qwen-Image's prompt length (an assumption); None: ``config.plan.prompt_tokens``
+    (`spotlight.sim.folder_sim.PlanSection`) when the config has one, else 32.
 
     Raises PipelineFolderError / UnknownTransformerError for a folder or resolution Spotlight cannot
     take, and DoesNotFitError when no micro-batch fits the GPU; each in one line.
@@ -221,7 +239,10 @@ def derive_workload(config: PlanConfig, device: DeviceProfile) -> FolderWorkload
                          "weights optional) or a shipped config name such as sd3.5-medium")
     folder: PipelineFolder = read_pipeline_folder(resolve_model_folder(config.model.pretrained))
     resolution = config.rollout.resolution_hw or folder.default_resolution
-    tokens = text_tokens(folder, config.model.max_sequence_length, config.plan.prompt_tokens)
+    if prompt_tokens is None:
+        plan = getattr(config, "plan", None)
+        prompt_tokens = plan.prompt_tokens if plan is not None else DEFAULT_PROMPT_TOKENS
+    tokens = text_tokens(folder, config.model.max_sequence_length, prompt_tokens)
     source = ("the prompt's tokens (plan.prompt_tokens, an assumption) + the chat template's 5"
               if folder.family == "qwen-image" else "padded to the pipeline's max_sequence_length")
     lora = None

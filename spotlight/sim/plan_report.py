@@ -18,8 +18,8 @@ from spotlight.market.prices import load_prices, price_override
 from spotlight.modes import Mode
 from spotlight.sim.cluster_mix import MixRow, cheapest_mix, price_sources
 from spotlight.sim.device_profiles import DeviceProfile, profile
+from spotlight.sim.folder_sim import PlanInputs, from_folder, simulation
 from spotlight.sim.folder_workload import FolderWorkload
-from spotlight.sim.plan_config import PlanConfig, simulation
 from spotlight.sim.simulator import simulate
 from spotlight.sim.workload import device_times
 
@@ -49,7 +49,7 @@ class PlanReport:
                 "assumptions": self.assumptions}
 
 
-def _sources(config: PlanConfig, device: DeviceProfile | None) -> list[tuple[str, str]]:
+def _sources(config: PlanInputs, device: DeviceProfile | None) -> list[tuple[str, str]]:
     """(on-demand, spot) machine pairs to sweep: the GPU profile's machines (every one for a typed workload)."""
     prices = price_override(load_prices(), config.cluster.price_overrides, "cluster.price_overrides")
     if device is not None:
@@ -78,7 +78,7 @@ def _workload_json(work: FolderWorkload | None, device: DeviceProfile | None) ->
     }
 
 
-def _assumptions(config: PlanConfig, sim_alpha: tuple[float, str], work: FolderWorkload | None,
+def _assumptions(config: PlanInputs, sim_alpha: tuple[float, str], work: FolderWorkload | None,
                  device: DeviceProfile | None) -> list[dict[str, Any]]:
     signal = config.signal
     given = signal.model_fields_set
@@ -109,7 +109,7 @@ def mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
-def make_plan(config: PlanConfig, deadline_h: float, on_demand_options: tuple[int, ...] = (8, 16, 32, 64),
+def make_plan(config: PlanInputs, deadline_h: float, on_demand_options: tuple[int, ...] = (8, 16, 32, 64),
               spot_options: tuple[int, ...] = (0, 16, 32, 64)) -> PlanReport:
     """The plan for ``config`` and a deadline of ``deadline_h`` hours (module docstring).
 
@@ -117,7 +117,7 @@ def make_plan(config: PlanConfig, deadline_h: float, on_demand_options: tuple[in
     """
     if not (deadline_h > 0 and math.isfinite(deadline_h)):
         raise ValueError(f"DEADLINE must be a positive number of hours (got {deadline_h})")
-    named = profile(config.plan.gpu, config.plan.profiles) if config.from_folder else None
+    named = profile(config.plan.gpu, config.plan.profiles) if from_folder(config) else None
     sources = _sources(config, named)  # a missing price fails before the folder is counted
     sim, work, device = simulation(config)
     spotlight = sim.model_copy(update={"mode": Mode.SPOTLIGHT})

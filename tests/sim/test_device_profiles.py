@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from spotlight.config import load_config
+from spotlight.plan_config import PlanConfig
 from spotlight.sim.device_profiles import ProfileError, load_profiles, profile, write_measured_efficiency
-from spotlight.sim.plan_config import PlanConfig, simulation
+from spotlight.sim.folder_sim import simulation
 from spotlight.sim.workload import device_times
 
 

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from spotlight.config import load_config
+from spotlight.plan_config import PlanConfig
 from spotlight.rl.grpo import RolloutBatch, grpo_update
 from spotlight.rl.nft import nft_update
 from spotlight.sim.device_profiles import profile
 from spotlight.sim.folder_workload import DoesNotFitError, derive_workload, update_passes
-from spotlight.sim.plan_config import PlanConfig
 
 SAMPLES, STEPS = 8, 6
 
