@@ -10,7 +10,7 @@ each transformer call metered by phase and its FLOPs counted by replaying it und
 
 For each run the plan is rebuilt from the run's own recorded command (`gpu_throughput.spotlight_config`
 makes the same TrainConfig), so it prices what ran: its recipe, resolution, steps, guidance, LoRA rank and
-passes. Predicted FLOPs come from `spotlight.sim.folder_workload` (meta-device counts x the forwards
+passes. Predicted FLOPs come from `spotlight.sim.planning.folder_workload` (meta-device counts x the forwards
 and passes per algorithm); predicted seconds are FLOPs / (efficiency x peak):
 
 - a GPU: the GPU profile of its device name (`spotlight/market/gpus.yaml`, or ``--profiles``) as shipped;
@@ -50,10 +50,10 @@ from published_pipelines import save_pipeline
 from spotlight.models.pipelines.family_config import DiffusersPolicyConfig
 from spotlight.models.rebuild import policy_from_config
 from spotlight.plan_config import PlanConfig
-from spotlight.sim.device_profiles import DeviceProfile, load_profiles, write_measured_efficiency
-from spotlight.sim.folder_sim import PlanSection
-from spotlight.sim.folder_workload import FolderWorkload, derive_workload
-from spotlight.sim.model_folders import model_folder
+from spotlight.sim.planning.device_profiles import DeviceProfile, load_profiles, write_measured_efficiency
+from spotlight.sim.planning.folder_sim import PlanSection
+from spotlight.sim.planning.folder_workload import FolderWorkload, derive_workload
+from spotlight.sim.planning.model_folders import model_folder
 
 SHIPPED = {"sd35m": "sd3.5-medium", "qwen-image": "qwen-image"}  # full-size runs: the plan's config-only folders
 GPU_PROFILES = (("H200", "H200"), ("H100", "H100-SXM"))  # device-name substring -> profile
@@ -94,7 +94,7 @@ def plan_of(run: dict[str, Any], work: Path, profile: DeviceProfile) -> FolderWo
     elif model in SHIPPED:
         folder = model_folder(SHIPPED[model])
     else:
-        raise KeyError(f"no config-only folder for {model}: ship one under spotlight/sim/model_configs")
+        raise KeyError(f"no config-only folder for {model}: ship one under spotlight/sim/planning/model_configs")
     train = spotlight_config(folder, work / "config", run_args)
     prompt_tokens = _qwen_prompt_tokens(model, run_args, work) if model == "qwen-image" else 32
     plan = PlanConfig(model=train.model, rollout=train.rollout, train=train.train, dtype=train.dtype,

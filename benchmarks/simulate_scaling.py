@@ -1,7 +1,7 @@
 """Simulated: images per GPU-second of K data-parallel trainer ranks, 8 to 256 H100s, SD3.5-Medium and Qwen-Image.
 
 Each model is its shipped recipe (configs/sd35m-ocr-lora.yaml, configs/qwen-image-ocr-lora.yaml: LoRA, NFT,
-512², 10 steps) on the shipped config folder (`spotlight/sim/model_configs`, FLOPs counted on the meta
+512², 10 steps) on the shipped config folder (`spotlight/sim/planning/model_configs`, FLOPs counted on the meta
 device), weak-scaled: every GPU keeps the recipe's batch per 8 GPUs (SD3.5-M 16 x 16 / 8 = 32 images,
 Qwen-Image 8 x 16 / 8 = 16), so N GPUs sample N / 8 times the recipe's batch. The iteration's terms
 and the interconnect are `spotlight.sim.scaling`'s; the GPU is the H100-SXM profile (its efficiencies and
@@ -21,8 +21,8 @@ from provenance import RESULTS, git_commit, machine
 
 from spotlight.config import parse_config
 from spotlight.plan_config import PlanConfig
-from spotlight.sim.device_profiles import profile
-from spotlight.sim.folder_workload import derive_workload
+from spotlight.sim.planning.device_profiles import profile
+from spotlight.sim.planning.folder_workload import derive_workload
 from spotlight.sim.scaling import Interconnect, all_reduce_s, scaling_row
 
 GPUS = (8, 16, 32, 64, 128, 256)

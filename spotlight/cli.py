@@ -305,7 +305,7 @@ def simulate(
     import json
 
     from spotlight.plan_config import PlanConfig
-    from spotlight.sim.folder_sim import simulation
+    from spotlight.sim.planning.folder_sim import simulation
     from spotlight.sim.simulator import simulate as run_simulation
 
     try:
@@ -345,8 +345,8 @@ def plan(
     import json
 
     from spotlight.plan_config import PlanConfig
-    from spotlight.sim.plan_report import make_plan
-    from spotlight.sim.plan_text import print_plan
+    from spotlight.sim.planning.plan_report import make_plan
+    from spotlight.sim.planning.plan_text import print_plan
 
     try:
         report = make_plan(load_config(PlanConfig, config, set_), deadline_hours)

@@ -3,7 +3,7 @@
 A `SimConfig` with the training config's own ``model``, ``rollout``, ``train`` and ``dtype`` sections (the
 classes `spotlight train` validates, so ``-s model.pretrained=DIR -s rollout.resolution=1280 -s
 train.algorithm=nft`` mean what they mean there) and the simulator's ``plan`` section (the GPU). It lives
-above both packages: the simulator reads it through `spotlight.sim.folder_sim.PlanInputs` and imports no
+above both packages: the simulator reads it through `spotlight.sim.planning.folder_sim.PlanInputs` and imports no
 training config.
 """
 
@@ -13,7 +13,7 @@ from typing import Literal
 
 from spotlight.config import RolloutSection, TrainSection
 from spotlight.models.policy_section import PolicySection
-from spotlight.sim.folder_sim import PlanSection
+from spotlight.sim.planning.folder_sim import PlanSection
 from spotlight.sim.sim_config import SimConfig
 
 __all__ = ["PlanConfig"]

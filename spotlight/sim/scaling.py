@@ -17,8 +17,8 @@ Per iteration and rank, with ``images`` its share of the samples:
                overlap with the backward is assumed (an upper bound: DDP overlaps its buckets)
 
 The FLOPs and the trainable parameters are the folder's, counted on the meta device
-(`spotlight.sim.folder_workload`); the peak, the efficiencies and the link speeds are the GPU profile's
-(`spotlight.sim.device_profiles`), each with its source. Nothing here was measured on a GPU.
+(`spotlight.sim.planning.folder_workload`); the peak, the efficiencies and the link speeds are the GPU profile's
+(`spotlight.sim.planning.device_profiles`), each with its source. Nothing here was measured on a GPU.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from spotlight.sim.device_profiles import DeviceProfile
-from spotlight.sim.folder_workload import FLOAT32_BYTES, FolderWorkload
+from spotlight.sim.planning.device_profiles import DeviceProfile
+from spotlight.sim.planning.folder_workload import FLOAT32_BYTES, FolderWorkload
 
 __all__ = ["Interconnect", "ScalingRow", "all_reduce_s", "scaling_row", "trajectory_bytes"]
 

@@ -145,7 +145,7 @@ class WorkloadSection(Section):
     train_pass_factor: float = Field(3.0, gt=0)
     kl_reference: bool = True
     optimizer_steps: int = Field(1, ge=1)
-    # counted from a pipeline folder (spotlight.sim.folder_workload); None: the formulas above
+    # counted from a pipeline folder (spotlight.sim.planning.folder_workload); None: the formulas above
     flops_per_forward: float | None = Field(None, gt=0)  # one conditional forward of one sample
     train_flops_per_sample: float | None = Field(None, gt=0)  # the whole update's FLOPs per rollout sample
     train_mfu: float | None = Field(None, gt=0, le=1)  # the update's utilisation (None: mfu)
@@ -170,7 +170,7 @@ def tokens(config: WorkloadSection) -> int:
 def forward_flops(config: WorkloadSection) -> float:
     """Return the FLOPs of one forward of one sample: 24·L·d²·n (projections, MLP) + 4·L·n²·d (attention).
 
-    A counted `flops_per_forward` (a pipeline folder's, `spotlight.sim.folder_workload`) replaces the formula.
+    A counted `flops_per_forward` (a pipeline folder's, `spotlight.sim.planning.folder_workload`) replaces the formula.
     """
     if config.flops_per_forward is not None:
         return config.flops_per_forward

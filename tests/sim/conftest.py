@@ -1,4 +1,4 @@
-"""The simulator's tests keep counted FLOPs in a temporary cache, never the user's (spotlight.sim.count_cache)."""
+"""The simulator's tests keep counted FLOPs in a temporary cache, never the user's (sim/planning/count_cache.py)."""
 
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from spotlight.sim.device_profiles import profile
-from spotlight.sim.folder_workload import FolderWorkload
+from spotlight.sim.planning.device_profiles import profile
+from spotlight.sim.planning.folder_workload import FolderWorkload
 from spotlight.sim.scaling import Interconnect, all_reduce_s, scaling_row, trajectory_bytes
 
 LINK = Interconnect(gpus_per_node=8, nvlink_bytes_per_s=100e9, network_bytes_per_s=10e9, nvlink_hop_s=1e-6,

@@ -1,7 +1,7 @@
 """`spotlight plan`'s answer: what one iteration costs, what a GPU holds, and the cheapest cluster for a deadline.
 
 Everything is derived, nothing measured here: the per-image costs come from the counted FLOPs and the
-GPU profile's efficiencies (`spotlight.sim.folder_workload`, `spotlight.sim.device_profiles`), the
+GPU profile's efficiencies (`spotlight.sim.planning.folder_workload`, `spotlight.sim.planning.device_profiles`), the
 iteration's split and the cheapest mixes from simulations of the loop (`spotlight.sim.simulator`,
 `spotlight.sim.cluster_mix`). With and without exploration are the same devices in mode spotlight and
 in mode spot-rollout (spot devices roll out, nobody explores), so the difference is exploration's.
@@ -17,9 +17,9 @@ from typing import Any
 from spotlight.market.prices import load_prices, price_override
 from spotlight.modes import Mode
 from spotlight.sim.cluster_mix import MixRow, cheapest_mix, price_sources
-from spotlight.sim.device_profiles import DeviceProfile, profile
-from spotlight.sim.folder_sim import PlanInputs, from_folder, simulation
-from spotlight.sim.folder_workload import FolderWorkload
+from spotlight.sim.planning.device_profiles import DeviceProfile, profile
+from spotlight.sim.planning.folder_sim import PlanInputs, from_folder, simulation
+from spotlight.sim.planning.folder_workload import FolderWorkload
 from spotlight.sim.simulator import simulate
 from spotlight.sim.workload import device_times
 

@@ -16,8 +16,8 @@ from spotlight.config import load_config
 from spotlight.plan_config import PlanConfig
 from spotlight.rl.grpo import RolloutBatch, grpo_update
 from spotlight.rl.nft import nft_update
-from spotlight.sim.device_profiles import profile
-from spotlight.sim.folder_workload import DoesNotFitError, derive_workload, update_passes
+from spotlight.sim.planning.device_profiles import profile
+from spotlight.sim.planning.folder_workload import DoesNotFitError, derive_workload, update_passes
 
 SAMPLES, STEPS = 8, 6
 
@@ -120,9 +120,9 @@ def test_shipped_transformer_configs_match_the_gpu_benchmarks(tmp_path: Path) ->
     """benchmarks/model_configs (gpu_throughput.py's folders) and the plan's shipped folders: one architecture."""
     import json
 
-    from spotlight.sim.model_folders import model_folder
+    from spotlight.sim.planning.model_folders import model_folder
 
-    root = Path(__file__).resolve().parents[2] / "benchmarks" / "model_configs"
+    root = Path(__file__).resolve().parents[3] / "benchmarks" / "model_configs"
     for shipped, benchmark in (("sd3.5-medium", "sd35m"), ("qwen-image", "qwen-image")):
         ours = json.loads((model_folder(shipped) / "transformer" / "config.json").read_text())
         theirs = json.loads((root / benchmark / "transformer.json").read_text())

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from spotlight.sim.cluster_mix import MixRow
-from spotlight.sim.plan_report import PlanReport
+from spotlight.sim.planning.plan_report import PlanReport
 
 __all__ = ["print_plan"]
 

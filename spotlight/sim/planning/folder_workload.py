@@ -3,7 +3,7 @@
 What `spotlight plan` and `spotlight simulate` know about a model they have not loaded:
 
 - FLOPs of one conditional forward of one sample, and of a forward and backward, counted on the meta
-  device (`spotlight.sim.forward_flops`), LoRA's adapters included;
+  device (`spotlight.sim.planning.forward_flops`), LoRA's adapters included;
 - forwards per image of a rollout: ``rollout.num_steps`` x 2 with true classifier-free guidance (the
   unconditional half rides in the same batch; a guidance-distilled FLUX takes its scale as an input);
 - the update, per rollout sample, by each algorithm's own loop:
@@ -39,12 +39,12 @@ from spotlight.models.pipelines.memory_estimate import (
     estimate_training_memory,
     safetensors_shapes,
 )
-from spotlight.sim.count_cache import cached
-from spotlight.sim.forward_flops import ForwardCount, count_forward_flops, text_tokens
-from spotlight.sim.model_folders import resolve_model_folder
+from spotlight.sim.planning.count_cache import cached
+from spotlight.sim.planning.forward_flops import ForwardCount, count_forward_flops, text_tokens
+from spotlight.sim.planning.model_folders import resolve_model_folder
 
 if TYPE_CHECKING:
-    from spotlight.sim.device_profiles import DeviceProfile
+    from spotlight.sim.planning.device_profiles import DeviceProfile
 
 __all__ = ["DoesNotFitError", "FolderWorkload", "RunFields", "derive_workload", "part_parameters", "update_passes"]
 
@@ -128,7 +128,7 @@ def part_parameters(folder: Path, part: str) -> int:
 
     A folder of configs only (a hub snapshot without weights) has no headers to read, so the part is
     built on the meta device from its config.json (no memory, no weights), once per config
-    (`spotlight.sim.count_cache`).
+    (`spotlight.sim.planning.count_cache`).
     """
     directory = folder / part
     shapes = safetensors_shapes(directory)
@@ -229,7 +229,7 @@ def derive_workload(config: RunFields, device: DeviceProfile, prompt_tokens: int
     """The iteration's work for ``config`` (its ``model.pretrained`` folder) on ``device``.
 
     ``prompt_tokens``: Qwen-Image's prompt length (an assumption); None: ``config.plan.prompt_tokens``
-    (`spotlight.sim.folder_sim.PlanSection`) when the config has one, else 32.
+    (`spotlight.sim.planning.folder_sim.PlanSection`) when the config has one, else 32.
 
     Raises PipelineFolderError / UnknownTransformerError for a folder or resolution Spotlight cannot
     take, and DoesNotFitError when no micro-batch fits the GPU; each in one line.

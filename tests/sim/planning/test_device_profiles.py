@@ -6,8 +6,8 @@ import pytest
 
 from spotlight.config import load_config
 from spotlight.plan_config import PlanConfig
-from spotlight.sim.device_profiles import ProfileError, load_profiles, profile, write_measured_efficiency
-from spotlight.sim.folder_sim import simulation
+from spotlight.sim.planning.device_profiles import ProfileError, load_profiles, profile, write_measured_efficiency
+from spotlight.sim.planning.folder_sim import simulation
 from spotlight.sim.workload import device_times
 
 

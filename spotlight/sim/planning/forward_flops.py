@@ -41,7 +41,7 @@ from spotlight.models.pipelines.family_config import TRANSFORMER_CLASSES
 from spotlight.models.pipelines.folder import PipelineFolder, PipelineFolderError, read_pipeline_folder
 from spotlight.models.pipelines.memory_estimate import CLIP_TOKENS
 from spotlight.models.pipelines.prompts import DEFAULT_MAX_SEQUENCE_LENGTH
-from spotlight.sim.count_cache import cached
+from spotlight.sim.planning.count_cache import cached
 
 __all__ = ["ForwardCount", "UnknownTransformerError", "count_forward_flops", "meta_transformer", "text_tokens"]
 
@@ -170,7 +170,7 @@ def count_forward_flops(folder: PipelineFolder, resolution: tuple[int, int], tok
     ``every_block``: run every block instead of one of each kind (slow; what the test compares with).
     Raises PipelineFolderError (one line) for a resolution the folder cannot take and
     UnknownTransformerError for a transformer class Spotlight does not know. Kept on disk by config and
-    arguments (`spotlight.sim.count_cache`), except ``every_block`` counts.
+    arguments (`spotlight.sim.planning.count_cache`), except ``every_block`` counts.
     """
     lora = None if lora is None else (int(lora[0]), tuple(lora[1]))
     size = (int(resolution[0]), int(resolution[1]))

@@ -21,8 +21,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from spotlight.models.pipelines.family_config import DiffusersPolicyConfig
 from spotlight.models.pipelines.folder import PipelineFolderError, read_pipeline_folder
 from spotlight.models.rebuild import policy_from_config
-from spotlight.sim.forward_flops import UnknownTransformerError, count_forward_flops, text_tokens
-from spotlight.sim.model_folders import model_folder
+from spotlight.sim.planning.forward_flops import UnknownTransformerError, count_forward_flops, text_tokens
+from spotlight.sim.planning.model_folders import model_folder
 
 RESOLUTION = (32, 48)  # not square: catches a swapped height and width
 PROMPT = "a red circle left of a blue square"

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from spotlight.cli import app
-from spotlight.sim.model_folders import model_folder
+from spotlight.sim.planning.model_folders import model_folder
 
 runner = CliRunner()
 SD35 = ["-s", "model.pretrained=sd3.5-medium", "-s", "rollout.resolution=512", "-s", "rollout.guidance_scale=4.5"]

@@ -4,7 +4,7 @@ What they load is `spotlight.plan_config.PlanConfig`: a `SimConfig` with the tra
 ``model``, ``rollout``, ``train`` and ``dtype`` sections and the ``plan`` section here (the GPU). It is
 defined above both the simulator and the training config (the simulator imports no training config);
 here it is read through the fields it has (`PlanInputs`). With ``model.pretrained`` set, `simulation`
-derives the simulator's workload and loop shape from the folder (`spotlight.sim.folder_workload`);
+derives the simulator's workload and loop shape from the folder (`spotlight.sim.planning.folder_workload`);
 without it the typed ``workload`` section is used as before (configs/simulate-paper.yaml).
 """
 
@@ -16,8 +16,8 @@ from pydantic import Field
 
 from spotlight.schema import Section
 from spotlight.sim.convergence import ConvergenceSection, SignalSection
-from spotlight.sim.device_profiles import DeviceProfile, profile
-from spotlight.sim.folder_workload import DEFAULT_PROMPT_TOKENS, FolderWorkload, RunFields, derive_workload
+from spotlight.sim.planning.device_profiles import DeviceProfile, profile
+from spotlight.sim.planning.folder_workload import DEFAULT_PROMPT_TOKENS, FolderWorkload, RunFields, derive_workload
 from spotlight.sim.sim_config import ClusterSection, LoopSection, SimConfig
 from spotlight.sim.workload import WorkloadSection
 
@@ -29,7 +29,7 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 class PlanSection(Section):
     """The GPU a plan prices, and the one assumption a folder cannot answer.
 
-    gpu: a profile name (`spotlight.sim.device_profiles`; shipped: H100-SXM, H200); profiles: a user
+    gpu: a profile name (`spotlight.sim.planning.device_profiles`; shipped: H100-SXM, H200); profiles: a user
     profile file over the shipped ones (None: ~/.config/spotlight/gpus.yaml when it exists);
     prompt_tokens: Qwen-Image only, the tokens of a prompt (its pipeline pads no further than the
     longest prompt): 32 assumes GenEval/OCR-length prompts.
@@ -41,7 +41,7 @@ class PlanSection(Section):
 
 
 class PlanInputs(RunFields, Protocol):
-    """What `simulation` and `spotlight.sim.plan_report` read of a `spotlight.plan_config.PlanConfig`."""
+    """What `simulation` and `spotlight.sim.planning.plan_report` read of a `spotlight.plan_config.PlanConfig`."""
 
     cluster: ClusterSection
     workload: WorkloadSection
