@@ -221,8 +221,12 @@ class TrainConfig(Section):
         return self.device_cores if self.device_cores is not None else self._cores
 
     def device_core(self, device: int) -> int | None:
-        """The core of device ``device`` (0: the trainer / on-demand device, k + 1: spot device k); None: unpinned."""
-        if not self.pin_devices:
+        """The core of device ``device`` (0: the trainer / on-demand device, k + 1: spot device k); None: unpinned.
+
+        A CUDA trainer is never pinned: its device is the GPU, and one core with one thread would starve
+        what still runs on the host beside it (kernel launches, the VAE's and the reward's host work).
+        """
+        if not self.pin_devices or (device == 0 and self.device == "cuda"):
             return None
         cores = self._device_core_list()
         if device == 0:
@@ -231,8 +235,8 @@ class TrainConfig(Section):
         return spare[(device - 1) % len(spare)] if spare else None
 
     def rank_core(self, rank: int) -> int | None:
-        """The core of trainer rank ``rank`` (0: the trainer / on-demand device itself); None: unpinned."""
-        if not self.pin_devices:
+        """The core of trainer rank ``rank`` (0: the trainer / on-demand device itself); None: unpinned (CUDA too)."""
+        if not self.pin_devices or self.device == "cuda":
             return None
         return self._device_core_list()[rank]
 
@@ -458,7 +462,7 @@ def _read_config_file(path: Path) -> dict[str, Any]:
 def load_config(model: type[Section], path: str | Path | None, overrides: list[str] | None = None) -> Any:
     """Load a YAML config (or the defaults when ``path`` is None) and apply ``key.sub=value`` overrides."""
     data: dict[str, Any] = {}
-    source = "defaults"
+    source = "-s" if overrides else "defaults"  # the defaults alone are valid: without a file, -s is at fault
     if path is not None:
         path = Path(path)
         source = str(path)

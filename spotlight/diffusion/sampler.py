@@ -91,6 +91,14 @@ class Trajectory:
         return self.latents[:, -1]
 
 
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CPU tensor on ``device``; to CUDA through pinned memory without waiting (the copy queues behind the
+    step that needs it instead of stalling the host while the device is busy)."""
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
 def sample(
     velocity_fn: VelocityFn,
     seeds: Sequence[int],
@@ -126,12 +134,13 @@ def sample(
     else:
         x = start_latents
     stochastic_steps = plan.stochastic_steps
-    sigma_cap = float(sigmas[1])
+    sigma_values = sigmas.tolist()  # Python floats once: the loop below reads no tensor back to the host
+    sigma_cap = sigma_values[1]
     latents = [x]
     log_probs = []
     with torch.no_grad():
         for k in range(start_step, stop):
-            sigma, sigma_next = float(sigmas[k]), float(sigmas[k + 1])
+            sigma, sigma_next = sigma_values[k], sigma_values[k + 1]
             sigma_batch = torch.full((x.shape[0],), sigma, dtype=x.dtype, device=x.device)
             velocity = velocity_fn(x, sigma_batch)
             noise_level = plan.noise_level if k < stochastic_steps else 0.0
@@ -139,7 +148,7 @@ def sample(
                 x = ode_step(x, velocity, sigma, sigma_next)
                 log_probs.append(torch.zeros(x.shape[0], dtype=x.dtype, device=x.device))
             else:
-                noise = seeded_normal(seeds, k, latent_shape, x.dtype).to(x.device)
+                noise = to_device(seeded_normal(seeds, k, latent_shape, x.dtype), x.device)
                 step = sde_step(x, velocity, sigma, sigma_next, noise_level, noise=noise, sigma_cap=sigma_cap)
                 x = step.x_next
                 log_probs.append(step.log_prob)

@@ -6,6 +6,7 @@ several devices are scored by the same `score_rollout`, in the same (prompt-majo
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -103,13 +104,19 @@ def score_rollout(model: LoopModel, prompts: list[str], seeds: torch.Tensor, tra
     section = config.rollout
     plan = rollout_plan(config)
     expanded, _ = group_requests(prompts, seeds)
+    timings = {}
     if scored is None:
-        scored = guarded_score(reward, images_of(model, trajectory.final), expanded)
+        started = time.perf_counter()
+        images = images_of(model, trajectory.final)  # on the CPU: the decode has finished
+        decoded = time.perf_counter()
+        scored = guarded_score(reward, images, expanded)
+        timings = {"time/decode_s": decoded - started, "time/reward_s": time.perf_counter() - decoded}
     rewards = scored.rewards.reshape(num_prompts, group_size)
     valid = scored.valid.reshape(num_prompts, group_size)
     advantages = group_advantages(rewards, valid, config.train.adv_std, config.train.adv_clip)
     metrics = rollout_metrics(rewards, valid, scored.strict.reshape(num_prompts, group_size))
     metrics.update(term_metrics(scored))  # a composite reward's terms, one by one
+    metrics.update(timings)  # beside time/rollout_s: where the rollout's time went (time/sample_s: the loop's)
     batch = RolloutBatch(
         # nft trains the conditional velocity (CFG-free, as DiffusionNFT); flow-grpo the guided step it sampled
         latents=trajectory.latents, log_probs=trajectory.log_probs,

@@ -44,7 +44,7 @@ from spotlight.backends import TrainerView, check_backend, open_backend
 from spotlight.diffusion.sampler import Trajectory
 from spotlight.backends.disaggregated_stream import GroupStream
 from spotlight.loop.base_policy import build_policy
-from spotlight.config import TrainConfig, TrainSection, dump_config
+from spotlight.config import TrainConfig, dump_config
 from spotlight.data import open_dataset
 from spotlight.data.metadata_reward import bind_metadata
 from spotlight.disagg.loop_update import GroupedUpdate
@@ -75,6 +75,7 @@ from spotlight.loop.rollout import Rollout, rollout_plan, score_rollout
 from spotlight.components.run_dir import RunDirLock, check_resume_config, read_metrics, write_failed
 from spotlight.components.stop_signals import StopRequest, stoppable
 from spotlight.components.fingerprint import record_model
+from spotlight.models.pipelines.memory_estimate import out_of_memory_message, with_estimated_micro_batch
 from spotlight.run_error import RunError
 from spotlight.runtime.cores import pinned
 from spotlight.loop.seed_choice import Exploration
@@ -136,7 +137,7 @@ class Trainer:
         self.config = config
         self.stop = StopRequest(config.runtime.stop_grace_s)  # `train` sets the one its signal handlers feed
         torch.manual_seed(config.seed)
-        torch.set_num_threads(1 if config.pin_devices else config.num_threads)
+        torch.set_num_threads(1 if config.device_core(0) is not None else config.num_threads)  # CUDA: unpinned
         self.run_dir = Path(config.run_dir)
         self._lock = RunDirLock(self.run_dir)  # one writer per run directory, until `run` ends
         try:
@@ -400,8 +401,12 @@ class Trainer:
             trailing = self.sampler.broadcast_state() if self.versions.sampler_trails else None
             samples, rewards = self.ranks.rollout(iteration, prompts, seeds, trailing, here)
             return score_rollout(self.model, prompts, seeds, samples, self.config, self.reward, rewards)
-        samples = self.backend.rollout(iteration, prompts, seeds)
-        return score_rollout(self.model, prompts, seeds, samples, self.config, self.reward)  # reward → advantages
+        started = time.perf_counter()
+        samples = self.backend.rollout(iteration, prompts, seeds)  # on the CPU: sampling has finished
+        sample_s = time.perf_counter() - started
+        scored = score_rollout(self.model, prompts, seeds, samples, self.config, self.reward)  # reward → advantages
+        scored.metrics["time/sample_s"] = sample_s
+        return scored
 
     def observe_plan(self, seeds: Exploration, scored: Rollout | GroupStream) -> None:
         """Tell the planner the reward variance its plan's seeds gave (its bandit's reward), and how well its
@@ -482,7 +487,14 @@ def train(config: TrainConfig, resume: bool = False, reward: Reward | None = Non
 
     Modes spot-rollout and spotlight (and the others with ``runtime.use_ray``) sample on the Ray
     device pools (`spotlight.backends.ray`); the rest in this process. SIGTERM / SIGINT: a checkpoint, then RunStopped.
+    A CUDA run of a pipeline folder with ``train.micro_batch_size`` null takes the largest micro-batch its
+    memory estimate fits; a CUDA out-of-memory error anywhere in the run ends it in one line (a `RunError`)
+    that names the estimate and the knobs that lower it.
     """
-    with pinned(config.device_core(0), config.num_threads):  # this process is the trainer's device
-        return stoppable(config.runtime.stop_grace_s, Path(config.run_dir), lambda: Trainer(config, reward, resume),
-                         lambda trainer: trainer.run(on_iteration, config.runtime.max_wall_s), config.iterations)
+    config = with_estimated_micro_batch(config)
+    try:
+        with pinned(config.device_core(0), config.num_threads):  # this process is the trainer's device
+            return stoppable(config.runtime.stop_grace_s, Path(config.run_dir), lambda: Trainer(config, reward, resume),
+                             lambda trainer: trainer.run(on_iteration, config.runtime.max_wall_s), config.iterations)
+    except torch.cuda.OutOfMemoryError as error:
+        raise RunError(out_of_memory_message(config, error)) from error

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 import torch
 
 from spotlight.diffusion.sampler import SamplingPlan, Trajectory, VelocityFn, sample
+from spotlight.models.lora_merge import sampling_weights
+from spotlight.models.pipelines.prompts import bind_prompts
 from spotlight.models.policy import Policy
 
 
@@ -35,10 +37,11 @@ def model_device(model: Policy) -> torch.device:
 
 
 def velocity_fn(model: Policy, tokens: torch.Tensor) -> VelocityFn:
-    """Bind the prompts so the sampler sees ``v(x, sigma)``; chunks follow the latent batch."""
+    """Bind the prompts (once, `bind_prompts`) so the sampler sees ``v(x, sigma)``; chunks follow the latent batch."""
+    cond = bind_prompts(model, tokens)
 
     def velocity(x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-        return model(x, sigma, tokens)
+        return model(x, sigma, cond)
 
     return velocity
 
@@ -52,18 +55,24 @@ def generate(
     chunk_size: int = 256,
 ) -> Trajectory:
     """Sample one trajectory per (prompt, seed) pair, in chunks to bound memory; a pure function of
-    (weights, prompts, seeds, plan)."""
+    (weights, prompts, seeds, plan).
+
+    Per chunk the prompts are bound to the device once and the LoRA of a LoRA policy is folded into its
+    base weights for the whole rollout where ``merge_lora`` asks for it (`sampling_weights`), so the
+    denoising loop reads nothing back from the device; the trajectory comes to the CPU once at the end.
+    """
     if len(prompts) != len(seeds):
         raise ValueError(f"need one seed per prompt (got {len(prompts)} prompts, {len(seeds)} seeds)")
     tokens = prompt_tokens(model, prompts)
     device = model_device(model)
     parts = []
-    for start in range(0, len(prompts), chunk_size):
-        stop = start + chunk_size
-        parts.append(
-            sample(velocity_fn(model, tokens[start:stop].to(device)), list(seeds[start:stop]), plan,
-                   model.latent_shape, record=record, device=device)
-        )
+    with sampling_weights(model):
+        for start in range(0, len(prompts), chunk_size):
+            stop = start + chunk_size
+            parts.append(
+                sample(velocity_fn(model, tokens[start:stop]), list(seeds[start:stop]), plan,
+                       model.latent_shape, record=record, device=device)
+            )
     return Trajectory(  # on the CPU, where the loop keeps samples (commits, rewards, checkpoints)
         latents=torch.cat([part.latents.cpu() for part in parts]),
         log_probs=torch.cat([part.log_probs.cpu() for part in parts]),

@@ -62,6 +62,10 @@ class PolicySection(Section):
     max_sequence_length: int | None = Field(None, ge=1)  # pretrained: text tokens (None: the pipeline's default)
     gradient_checkpointing: bool = False  # trade compute for activation memory in the update
     autocast: bool = False  # run the forward under torch.autocast in the run's dtype
+    # sample with the LoRA folded into the base weights once per rollout; null: on CUDA only (CPU runs keep
+    # the adapter math bit for bit); a merged forward differs from the adapter's by rounding
+    merge_lora: bool | None = None
+    compile: bool = False  # torch.compile each transformer block (first iteration slower, the rest faster)
 
     @model_validator(mode="after")
     def _diffusers_fields_need_a_diffusers_family(self) -> PolicySection:
@@ -92,7 +96,7 @@ class PolicySection(Section):
             lora_rank=self.lora_rank, lora_alpha=self.lora_alpha, lora_target_modules=self.lora_target_modules,
             finetune=self.finetune, dtype=dtype, guidance_scale=guidance_scale, negative_prompt=negative_prompt,
             max_sequence_length=self.max_sequence_length, gradient_checkpointing=self.gradient_checkpointing,
-            autocast=self.autocast, task=task,
+            autocast=self.autocast, task=task, merge_lora=self.merge_lora, compile=self.compile,
         )
 
     def diffusers_config(self, task: str, vocab_size: int, image_size: tuple[int, int]) -> DiffusersPolicyConfig:
@@ -106,4 +110,5 @@ class PolicySection(Section):
             lora_alpha=self.lora_alpha, lora_target_modules=self.lora_target_modules, dtype="float32",
             init_seed=self.init_seed, task=task, vocab_size=vocab_size, max_text_len=self.max_text_len,
             finetune=self.finetune, gradient_checkpointing=self.gradient_checkpointing, autocast=self.autocast,
+            merge_lora=self.merge_lora, compile=self.compile,
         )

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
 from spotlight.diffusion.steps import sde_step
+from spotlight.models.pipelines.prompts import bind_prompts
 from spotlight.models.policy import Policy
 from spotlight.rl.loss import clipped_policy_loss, gaussian_step_kl
 from spotlight.rl.micro_batch import micro_batches
@@ -80,19 +81,32 @@ def choose_train_timesteps(
 
 
 def step_log_prob_and_mean(
-    model: Policy, batch: RolloutBatch, rows: torch.Tensor, step: int
+    model: Policy, batch: RolloutBatch, rows: torch.Tensor | slice, step: int, tokens: Any = None,
+    sigma_values: list[float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Log-prob (B',), Gaussian mean and std of the recorded transition ``step -> step+1`` of ``rows``."""
-    sigmas = batch.sigmas
-    sigma, sigma_next = float(sigmas[step]), float(sigmas[step + 1])
+    """Log-prob (B',), Gaussian mean and std of the recorded transition ``step -> step+1`` of ``rows``.
+
+    ``tokens``: the rows' conditioning bound to the device (default: ``batch.tokens[rows]``, bound at the
+    call); ``sigma_values``: the schedule as Python floats (default: read from ``batch.sigmas``).
+    """
+    if sigma_values is None:
+        sigma_values = batch.sigmas.tolist()
+    sigma, sigma_next = sigma_values[step], sigma_values[step + 1]
     x = batch.latents[rows, step]
     sigma_batch = torch.full((x.shape[0],), sigma, dtype=x.dtype, device=x.device)
-    velocity = model(x, sigma_batch, batch.tokens[rows])
+    velocity = model(x, sigma_batch, batch.tokens[rows] if tokens is None else tokens)
     result = sde_step(
         x, velocity, sigma, sigma_next, batch.noise_level, x_next=batch.latents[rows, step + 1],
-        sigma_cap=float(sigmas[1]),
+        sigma_cap=sigma_values[1],
     )
     return result.log_prob, result.mean, result.std
+
+
+def on_device(batch: RolloutBatch, device: torch.device) -> RolloutBatch:
+    """``batch`` with its latents, log-probs and advantages on ``device`` (one copy each), the rest as it is."""
+    return RolloutBatch(latents=batch.latents.to(device), log_probs=batch.log_probs.to(device), tokens=batch.tokens,
+                        advantages=batch.advantages.to(device), sigmas=batch.sigmas, noise_level=batch.noise_level,
+                        stochastic_steps=batch.stochastic_steps)
 
 
 def grpo_update(
@@ -110,6 +124,10 @@ def grpo_update(
     over timesteps so that the learning rate does not depend on how many steps are trained. With
     ``config.micro_batch_size`` each step's rows go through the model that many at a time, their
     losses weighted by their share of the minibatch (the same gradient, less memory).
+
+    The trajectories go to the model's device once, each minibatch's rows and prompts are gathered and
+    bound there once, and the logged sums stay float64 tensors on the device until the end: the loops
+    over timesteps and micro-batches read nothing back to the host.
     """
     num_samples, num_steps = batch.log_probs.shape
     if batch.stochastic_steps is not None:
@@ -117,35 +135,43 @@ def grpo_update(
     timesteps = choose_train_timesteps(num_steps, config.timestep_fraction, generator, config.timestep_selection)
     order = torch.randperm(num_samples, generator=generator)
     minibatches = order.chunk(config.num_minibatches)
-    totals = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio": 0.0, "grad_norm": 0.0}
+    device = next(model.parameters()).device
+    sigma_values = batch.sigmas.tolist()
+    totals = {name: torch.zeros((), dtype=torch.float64, device=device)
+              for name in ("loss", "policy_loss", "kl", "clip_fraction", "ratio", "grad_norm")}
     terms = 0
     for rows in minibatches:
         optimizer.zero_grad(set_to_none=True)
+        minibatch = on_device(RolloutBatch(
+            latents=batch.latents[rows], log_probs=batch.log_probs[rows], tokens=batch.tokens[rows],
+            advantages=batch.advantages[rows], sigmas=batch.sigmas, noise_level=batch.noise_level,
+            stochastic_steps=batch.stochastic_steps), device)
+        tokens = bind_prompts(model, minibatch.tokens)
         for step in timesteps:
             for part in micro_batches(len(rows), config):  # memory's share of the rows; one step for all
                 weight = (part.stop - part.start) / len(rows)
-                micro = rows[part]
-                log_prob, mean, std = step_log_prob_and_mean(model, batch, micro, step)
-                policy = clipped_policy_loss(log_prob, batch.log_probs[micro, step], batch.advantages[micro],
+                log_prob, mean, std = step_log_prob_and_mean(model, minibatch, part, step, tokens[part], sigma_values)
+                policy = clipped_policy_loss(log_prob, minibatch.log_probs[part, step], minibatch.advantages[part],
                                              config.clip_range)
                 loss = policy.loss
                 kl = torch.zeros((), device=loss.device)
                 if reference is not None and config.kl_beta > 0:
                     with torch.no_grad():
-                        _, reference_mean, _ = step_log_prob_and_mean(reference, batch, micro, step)
+                        _, reference_mean, _ = step_log_prob_and_mean(reference, minibatch, part, step, tokens[part],
+                                                                      sigma_values)
                     # Flow-GRPO's KL divides the mean gap by the diffusion coefficient g² (std² / |dt|), not by
                     # the step variance: without the |dt| the same kl_beta weighed 12-28x more on 10 steps
-                    step_size = float(batch.sigmas[step] - batch.sigmas[step + 1])
+                    step_size = sigma_values[step] - sigma_values[step + 1]
                     kl = gaussian_step_kl(mean, reference_mean, std).mean() * step_size
                     loss = loss + config.kl_beta * kl
                 (loss / len(timesteps) if weight == 1.0 else loss * (weight / len(timesteps))).backward()
-                totals["loss"] += weight * float(loss.detach())
-                totals["policy_loss"] += weight * float(policy.loss.detach())
-                totals["kl"] += weight * float(kl.detach())
-                totals["clip_fraction"] += weight * float(policy.clip_fraction)
-                totals["ratio"] += weight * float(policy.ratio_mean)
+                totals["loss"] += loss.detach().double() * weight
+                totals["policy_loss"] += policy.loss.detach().double() * weight
+                totals["kl"] += kl.detach().double() * weight
+                totals["clip_fraction"] += policy.clip_fraction.double() * weight
+                totals["ratio"] += policy.ratio_mean.double() * weight
             terms += 1
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-        totals["grad_norm"] += float(grad_norm) * len(timesteps)
+        totals["grad_norm"] += grad_norm.detach().double() * len(timesteps)
         optimizer.step()
-    return {f"train/{name}": value / terms for name, value in totals.items()}
+    return {f"train/{name}": float(value) / terms for name, value in totals.items()}  # the one read of the update

@@ -21,10 +21,12 @@ likelihood, no clip range and no KL scale to tune. It needs only the clean sampl
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
+from spotlight.diffusion.sampler import to_device
+from spotlight.models.pipelines.prompts import bind_prompts
 from spotlight.models.policy import Policy
 from spotlight.rl.grpo import RolloutBatch
 from spotlight.rl.micro_batch import micro_batches
@@ -103,14 +105,17 @@ def _self_normalised_error(velocity: torch.Tensor, target: torch.Tensor, sigma: 
 
 def accumulate_nft_gradients(
     model: Policy, old_model: Policy, reference: Policy | None, noisy: torch.Tensor, sigma: torch.Tensor,
-    tokens: torch.Tensor, target: torch.Tensor, r: torch.Tensor, config: NFTHyperparameters,
-) -> tuple[float, float | None]:
+    tokens: Any, target: torch.Tensor, r: torch.Tensor, config: NFTHyperparameters,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Back-propagate one minibatch's NFT loss (+ ``nft_kl_beta`` KL) in micro-batches; its loss and KL.
 
     Equal to one backward of the whole minibatch's mean loss (every term is a mean over rows of equal size).
+    ``tokens`` are bound to the device (`spotlight.models.pipelines.prompts.bind_prompts`) and the loss and KL come
+    back as float64 tensors on the device: the micro-batch loop reads nothing back to the host.
     """
     rows = noisy.shape[0]
-    loss_total, kl_total = 0.0, None
+    loss_total = torch.zeros((), dtype=torch.float64, device=noisy.device)
+    kl_total = None
     for part in micro_batches(rows, config):
         weight = (part.stop - part.start) / rows
         with torch.no_grad():
@@ -125,9 +130,10 @@ def accumulate_nft_gradients(
                 reference_velocity = reference(noisy[part], sigma[part], tokens[part])
             kl = (velocity - reference_velocity).pow(2).mean()
             loss = loss + config.nft_kl_beta * kl
-            kl_total = (kl_total or 0.0) + weight * float(kl.detach())
+            kl_part = kl.detach().double() * weight
+            kl_total = kl_part if kl_total is None else kl_total + kl_part
         (loss if weight == 1.0 else weight * loss).backward()
-        loss_total += weight * float(loss.detach())
+        loss_total += loss.detach().double() * weight
     return loss_total, kl_total
 
 
@@ -149,33 +155,41 @@ def nft_update(
     sample is noised at ``config.nft_timesteps`` uniform noise levels (the distribution pre-training
     used); the kept samples are shuffled into ``num_minibatches`` optimizer steps, ``num_epochs`` times,
     each computed in micro-batches of ``config.micro_batch_size`` rows when the config has one.
+
+    Where it runs: the clean latents go to the model's device once; each minibatch's noise levels and
+    noise are drawn on the CPU from ``generator`` (the same numbers on every device) and moved there
+    once; its prompts are bound once; the losses and grad norms are summed on the device and read back
+    once, after the last step, so no step waits for the device.
     """
-    clean = batch.latents[:, -1]
+    device = next(model.parameters()).device
+    clean = batch.latents[:, -1].to(device)
     kept = torch.nonzero(batch.advantages != 0).squeeze(1)
-    totals = {"loss": 0.0, "grad_norm": 0.0}
+    totals: dict[str, torch.Tensor] = {name: torch.zeros((), dtype=torch.float64, device=device)
+                                       for name in ("loss", "grad_norm")}
     steps = 0
     for _ in range(config.num_epochs):
         order = kept[torch.randperm(len(kept), generator=generator)]
         for rows in order.chunk(config.num_minibatches) if len(order) else ():
             repeats = config.nft_timesteps
-            x0 = clean[rows].repeat(repeats, 1, 1, 1)
-            tokens = batch.tokens[rows].repeat(repeats, 1)
-            r = optimality(batch.advantages[rows], config.nft_adv_scale).repeat(repeats)
+            x0 = clean[rows.to(device)].repeat(repeats, 1, 1, 1)
+            tokens = bind_prompts(model, batch.tokens[rows].repeat(repeats, 1))
+            r = optimality(batch.advantages[rows], config.nft_adv_scale).repeat(repeats).to(device)
             sigma = torch.rand(x0.shape[0], generator=generator, dtype=x0.dtype)
             noise = torch.randn(x0.shape, generator=generator, dtype=x0.dtype)
+            sigma, noise = to_device(sigma, device), to_device(noise, device)
             s = sigma.view(-1, *([1] * (x0.ndim - 1)))
             noisy = (1.0 - s) * x0 + s * noise
             optimizer.zero_grad(set_to_none=True)
             loss, kl = accumulate_nft_gradients(model, old_model, reference, noisy, sigma, tokens, noise - x0, r,
                                                 config)
             if kl is not None:
-                totals["kl"] = totals.get("kl", 0.0) + kl
+                totals["kl"] = totals["kl"] + kl if "kl" in totals else kl
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             optimizer.step()
             totals["loss"] += loss
-            totals["grad_norm"] += float(grad_norm)
+            totals["grad_norm"] += grad_norm.detach().double()
             steps += 1
-    metrics = {f"train/{name}": value / max(steps, 1) for name, value in totals.items()}
+    metrics = {f"train/{name}": float(value) / max(steps, 1) for name, value in totals.items()}  # the one read
     kept_optimality = optimality(batch.advantages[kept], config.nft_adv_scale)
     metrics["train/optimality_mean"] = float(kept_optimality.mean()) if len(kept) else 0.0
     metrics["train/trained_samples"] = float(len(kept))

@@ -10,7 +10,13 @@ import torch
 from spotlight.config import TrainConfig, load_config
 from spotlight.models.pipelines.adapter import DiffusersPolicy
 from spotlight.models.pipelines.family_config import DEFAULT_LORA_TARGETS, DiffusersPolicyConfig
-from spotlight.models.pipelines.memory_estimate import ModelSizes, estimate_training_memory, model_sizes, run_memory_estimate
+from spotlight.models.pipelines.memory_estimate import (
+    ModelSizes,
+    choose_micro_batch,
+    estimate_training_memory,
+    model_sizes,
+    run_memory_estimate,
+)
 from spotlight.models.pipelines.tiny import save_tiny_pipeline
 
 GIB = 1024**3
@@ -41,25 +47,38 @@ def test_counts_from_the_headers_equal_the_loaded_models_parameters(sd3_folder: 
 
 # SD3.5-Medium-like sizes, so the hand arithmetic below reads like the real case
 SIZES = ModelSizes(transformer=2_500_000_000, text_encoders=5_000_000_000, vae=84_000_000, lora=20_000_000,
-                   blocks=24, hidden=1536)
+                   blocks=24, hidden=1536, lora_inputs=(24 * 4 * 1536, 24 * 4 * 1536, 0),
+                   lora_weights=24 * 8 * 1536 * 1536, vae_channels=128)
 
 
 def test_a_lora_run_in_bfloat16_adds_up_by_hand() -> None:
     estimate = estimate_training_memory(SIZES, dtype="bfloat16", finetune="lora", optimizer="adamw",
                                         frozen_copies=3, reference=True, tokens=1357, rows=4,
-                                        gradient_checkpointing=False)
+                                        gradient_checkpointing=False, text_tokens=333, sample_rows=64,
+                                        merged_lora=True, pixels=512 * 512)
     assert estimate.parts == {
-        "transformer": 5_000_000_000, "text encoders": 10_000_000_000, "vae": 168_000_000,
+        "transformer": 5_000_000_000, "vae": 168_000_000,
         "trained": 80_000_000, "gradients": 80_000_000, "optimizer": 160_000_000,
         "frozen copies": 240_000_000,  # EMA, θ_old, θ_{i-1} as LoRA tensors; the reference is free
-        "activations": 6_803_324_928,  # 34 x 1357 x 1536 x 24 layers x 4 rows (2-byte activations)
+        "cuda context": GIB // 2,
     }
-    assert estimate.total == 22_531_324_928
+    activations = 6_803_324_928  # 34 x 1357 x 1536 x 24 layers x 4 rows (2-byte activations)
+    lora_inputs = 4 * 4 * 24 * 4 * 1536 * (1024 + 333)  # float32 x 4 rows x 96 layers per stream x width x tokens
+    assert estimate.phases == {
+        "update activations": activations + lora_inputs,
+        "sampling": 10 * 64 * 1357 * 1536 * 2 + 24 * 8 * 1536 * 1536 * 2,  # 64 rows' block tensors + merged copies
+        "vae decode": 4 * 8 * 512 * 512 * 128 * 2,  # 4 maps of 8 images at 128 channels
+        "text encoders": 10_000_000_000,  # on the device while encoding only
+    }
+    assert estimate.peak_phase == "update activations"  # just above the text encoders' 10 GB
+    assert estimate.total == sum(estimate.parts.values()) + activations + lora_inputs
+    assert "+ update activations 9.3 GiB (the largest phase; sampling" in estimate.summary()
     checkpointed = estimate_training_memory(SIZES, dtype="bfloat16", finetune="lora", optimizer="adamw",
                                             frozen_copies=3, reference=True, tokens=1357, rows=4,
-                                            gradient_checkpointing=True)
-    # 2 x 1357 x 1536 x 24 x 4 (block inputs) + 34 x 1357 x 1536 x 4 (the block being recomputed)
-    assert checkpointed.parts["activations"] == 400_195_584 + 283_471_872
+                                            gradient_checkpointing=True, text_tokens=333)
+    # 2 x 1357 x 1536 x 24 x 4 (block inputs) + 34 x 1357 x 1536 x 4 (the block being recomputed), and the
+    # recomputed block's LoRA inputs
+    assert checkpointed.phases["update activations"] == 400_195_584 + 283_471_872 + lora_inputs // 24
 
 
 def test_full_fine_tuning_keeps_float32_weights_and_copies() -> None:
@@ -70,6 +89,7 @@ def test_full_fine_tuning_keeps_float32_weights_and_copies() -> None:
     assert estimate.parts["trained"] == 0
     assert estimate.parts["gradients"] == estimate.parts["optimizer"] == 10_000_000_000  # sgd: one momentum
     assert estimate.parts["frozen copies"] == 20_000_000_000  # θ_{i-1} and the reference base
+    assert estimate.phases["update activations"] == 6_803_324_928  # no LoRA, no float32 adapter inputs
 
 
 def test_a_runs_estimate_reads_its_resolution_text_length_and_minibatch(sd3_folder: Path) -> None:
@@ -77,16 +97,44 @@ def test_a_runs_estimate_reads_its_resolution_text_length_and_minibatch(sd3_fold
                                              "train.ema_decay=null", "train.old_policy_decay=0"])
     estimate = run_memory_estimate(config)
     assert estimate is not None
+    sizes = model_sizes(sd3_folder, DEFAULT_LORA_TARGETS, 4)
     # 32 px / VAE 2 = 16 x 16 latents = 64 tokens of 2x2, + 256 T5 + 77 CLIP; 16 x 8 samples / 4 minibatches
-    assert estimate.parts["activations"] == 34 * (64 + 333) * 16 * 2 * 32 * 4 // 2
-    lora = model_sizes(sd3_folder, DEFAULT_LORA_TARGETS, 4).lora
-    assert estimate.parts["frozen copies"] == 1 * 4 * lora  # θ_{i-1} alone (no EMA, no trailing θ_old)
+    # x 2 NFT noise levels = 64 rows
+    image_in, text_in, _ = sizes.lora_inputs
+    lora_inputs = 4 * 64 * (image_in * 64 + text_in * 333)
+    assert estimate.phases["update activations"] == 34 * (64 + 333) * 16 * 2 * 64 * 4 // 2 + lora_inputs
+    assert estimate.parts["frozen copies"] == 1 * 4 * sizes.lora  # θ_{i-1} alone (no EMA, no trailing θ_old)
     assert estimate.summary().startswith("memory estimate (trainer device): transformer ")
-    assert "more than the device's 1.0 GiB" not in estimate.summary(GIB)
-    assert "more than the device's 0.0 MiB: set model.gradient_checkpointing=true" in estimate.summary(1)
+    assert "more than the device's 1.0 GiB" not in estimate.summary(100 * GIB)
+    assert "more than the device's 0.0 MiB: lower train.micro_batch_size" in estimate.summary(1)
     assert run_memory_estimate(load_config(TrainConfig, None, [])) is None  # the toy model
     sliced = load_config(TrainConfig, None, [f"model.pretrained={sd3_folder}", "rollout.resolution=32",
                                              "train.micro_batch_size=8"])
-    assert run_memory_estimate(sliced).parts["activations"] == 34 * (64 + 333) * 16 * 2 * 8 * 4 // 2
+    assert run_memory_estimate(sliced).phases["update activations"] == \
+        34 * (64 + 333) * 16 * 2 * 8 * 4 // 2 + 4 * 8 * (image_in * 64 + text_in * 333)
     bad = load_config(TrainConfig, None, [f"model.pretrained={sd3_folder}", "rollout.resolution=33"])
     assert run_memory_estimate(bad) is None  # the run's start-up names the resolution in one line
+
+
+def test_lora_inputs_are_counted_per_stream(sd3_folder: Path) -> None:
+    sizes = model_sizes(sd3_folder, DEFAULT_LORA_TARGETS, 4)
+    # 2 joint blocks of width 16: to_q, to_k, to_v, to_out.0 on the image stream, add_* and to_add_out on the text
+    # (SD3's last block has no to_add_out: context_pre_only)
+    assert sizes.lora_inputs[0] == 2 * 4 * 16
+    assert 0 < sizes.lora_inputs[1] <= 2 * 4 * 16 and sizes.lora_inputs[2] == 0
+    assert sizes.vae_channels > 0
+
+
+def test_the_micro_batch_chosen_from_the_estimate_is_the_largest_that_fits(sd3_folder: Path) -> None:
+    config = load_config(TrainConfig, None, [f"model.pretrained={sd3_folder}", "rollout.resolution=32",
+                                             "model.max_sequence_length=16"])
+    def total(rows: int) -> int:
+        return run_memory_estimate(config, micro_batch_size=rows).total
+
+    assert total(40) > total(20)  # the update's activations set the peak here
+    device = int(total(20) / 0.9) + 1
+    chosen = choose_micro_batch(config, device)
+    assert chosen is not None and 20 <= chosen < 64
+    assert total(chosen) <= 0.9 * device < total(chosen + 1)
+    assert choose_micro_batch(config, 1) is None  # not even one row fits
+    assert choose_micro_batch(config, 10**15) == 64  # everything: the minibatch's 64 rows at once

@@ -187,9 +187,9 @@ def test_update_trains_only_the_sde_window_of_a_windowed_rollout(monkeypatch) ->
     trained: list[int] = []
     original = grpo.step_log_prob_and_mean
 
-    def recording(model_, batch_, rows, step):
+    def recording(model_, batch_, rows, step, *rest):
         trained.append(step)
-        return original(model_, batch_, rows, step)
+        return original(model_, batch_, rows, step, *rest)
 
     monkeypatch.setattr(grpo, "step_log_prob_and_mean", recording)
     grpo_update(model, None, torch.optim.SGD(model.parameters(), lr=0.1), batch,

@@ -81,6 +81,10 @@ class DiffusersPolicyConfig(Section):
     finetune: Finetune = "lora"
     gradient_checkpointing: bool = False  # the transformer's enable_gradient_checkpointing(): memory for compute
     autocast: bool = False  # run the forward under torch.autocast(dtype) (LoRA: the float32 adapters too)
+    # sample with the LoRA folded into the base weights once per rollout (spotlight.models.lora_merge);
+    # None: on CUDA only, so CPU runs keep the adapter math bit for bit
+    merge_lora: bool | None = None
+    compile: bool = False  # torch.compile each transformer block (spotlight.models.pipelines.adapter.compile_blocks)
     # --- a whole pipeline folder (``pipeline: true``, ``pretrained`` its folder): its text encoders
     # condition (prompt ids, spotlight.models.pipelines.prompts), its VAE decodes, its scheduler sets the
     # schedule; ``resolution`` (pixels, height x width) sets the latents

@@ -65,15 +65,19 @@ class LatentDecoder:
         return latents / config.scaling_factor + (config.shift_factor or 0.0)
 
     def __call__(self, latents: torch.Tensor) -> torch.Tensor:
-        """Images (B, 3, H, W), float32 in [0, 1], on the CPU, decoded ``batch_size`` at a time without gradients."""
+        """Images (B, 3, H, W), float32 in [0, 1], on the CPU, decoded ``batch_size`` at a time without gradients.
+
+        The latents go to the VAE's device in one copy and the images come back in one: the chunks are
+        decoded and gathered on the device, so no chunk waits for a host copy of the one before.
+        """
+        on_device = latents.to(self.device, torch.float32)
         images = []
         with torch.no_grad():
             for start in range(0, latents.shape[0], self.batch_size):
-                chunk = latents[start:start + self.batch_size].to(self.device, torch.float32)
-                z = self.vae_input(chunk).to(self.dtype)
+                z = self.vae_input(on_device[start:start + self.batch_size]).to(self.dtype)
                 if self.folder.family == "qwen-image":
                     decoded = self.vae.decode(z[:, :, None], return_dict=False)[0][:, :, 0]
                 else:
                     decoded = self.vae.decode(z, return_dict=False)[0]
-                images.append((decoded.float() * 0.5 + 0.5).clamp(0.0, 1.0).cpu())
-        return torch.cat(images)
+                images.append((decoded.float() * 0.5 + 0.5).clamp(0.0, 1.0))
+        return torch.cat(images).cpu()

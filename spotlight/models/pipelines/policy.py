@@ -33,7 +33,7 @@ from spotlight.models.pipelines.loading import load_transformer
 from spotlight.models.pipelines.guidance import guided_velocity, uses_true_cfg
 from spotlight.models.pipelines.latent_decoder import LatentDecoder
 from spotlight.models.pipelines.folder import PipelineFolder, ScheduleParams, read_pipeline_folder
-from spotlight.models.pipelines.prompts import PromptCache
+from spotlight.models.pipelines.prompts import PromptBatch, PromptCache
 
 __all__ = ["PipelinePolicy"]
 
@@ -102,40 +102,55 @@ class PipelinePolicy(DiffusersPolicy):
         self.prompts.device = self.device
         return result
 
+    def bind_prompts(self, tokens: torch.Tensor) -> PromptBatch:
+        """The conditioning of id rows ``[prompt id, guided]`` (B, 2), resolved once onto the transformer's device.
+
+        Reads the ids on the host (one sync when they sit on the device), so call it once per rollout chunk
+        or update minibatch, outside the loops; slices of the result (micro-batches) and forwards on it read
+        nothing back from the device (`spotlight.models.pipelines.prompts`).
+        """
+        if tokens.dim() != 2 or tokens.shape[1] != 2:
+            raise ValueError(f"a pipeline policy is conditioned on (B, 2) rows [prompt id, guided] (got shape "
+                             f"{tuple(tokens.shape)}): make them with policy.tokenize(prompts)")
+        rows = tokens.cpu().tolist()
+        guided = [bool(flag) for _, flag in rows]
+        negative = self.config.negative_prompt if self.true_cfg and any(guided) else None
+        return self.prompts.bind([key for key, _ in rows], guided, negative, self.device)
+
     def forward(self, x: torch.Tensor, sigma: torch.Tensor,
-                cond: torch.Tensor | PromptEmbeddings) -> torch.Tensor:
+                cond: torch.Tensor | PromptBatch | PromptEmbeddings) -> torch.Tensor:
         """Velocity (B, C, h, w) at latents ``x`` and noise levels ``sigma`` (B,), guided where ``cond`` asks.
 
-        ``cond``: rows ``[prompt id, guided]`` from :meth:`tokenize` (or ``PromptEmbeddings``: the
-        conditional velocity of those embeddings). One transformer call: the guided rows' negative-prompt
-        half rides in the same batch.
+        ``cond``: a `PromptBatch` from :meth:`bind_prompts` (no host sync), rows ``[prompt id, guided]``
+        from :meth:`tokenize` (bound here, at every call), or ``PromptEmbeddings`` (the conditional
+        velocity of those embeddings). One transformer call: the guided rows' negative-prompt half rides
+        in the same batch.
         """
         if isinstance(cond, PromptEmbeddings):
             return super().forward(x, sigma, cond)
-        if cond.dim() != 2 or cond.shape[1] != 2:
-            raise ValueError(f"a pipeline policy is conditioned on (B, 2) rows [prompt id, guided] (got shape "
-                             f"{tuple(cond.shape)}): make them with policy.tokenize(prompts)")
+        if not isinstance(cond, PromptBatch):
+            cond = self.bind_prompts(cond)
         batch, device = x.shape[0], self.device
+        if len(cond) != batch:
+            raise ValueError(f"got {len(cond)} prompt rows for {batch} latents: pass one row per latent")
         latents = x.to(device)
         sigmas = sigma.to(device).expand(batch)
-        cond = cond.cpu()  # ids index the CPU-side prompt cache
-        ids = cond[:, 0]
-        guided_rows = torch.empty(0, dtype=torch.int64)
-        if self.true_cfg:
-            guided_rows = (cond[:, 1] != 0).nonzero().flatten()
-        if len(guided_rows):
-            negative = self.prompts.ids([self.config.negative_prompt])
-            ids = torch.cat([ids, negative.expand(len(guided_rows))])
-            rows = guided_rows.to(device)
-            latents = torch.cat([latents, latents[rows]])
-            sigmas = torch.cat([sigmas, sigmas[rows]])
-        embeddings = self.prompts.embeddings(ids)
+        guided_rows = cond.guided_rows()
+        rows = None
+        if guided_rows and len(guided_rows) < batch:  # a mixed batch: index the guided rows (host list, no sync)
+            rows = torch.tensor(guided_rows, dtype=torch.int64).to(device, non_blocking=True)
+        if guided_rows:
+            latents = torch.cat([latents, latents if rows is None else latents[rows]])
+            sigmas = torch.cat([sigmas, sigmas if rows is None else sigmas[rows]])
+        embeddings = cond.forward_embeddings(len(guided_rows))
         with self.autocast(device):
             velocity = transformer_velocity(self.transformer, self.family, latents, sigmas, embeddings,
                                             self.config.guidance_scale)
-        if len(guided_rows):
-            rows = guided_rows.to(device)
+        if guided_rows:
             conditional, unconditional = velocity[:batch], velocity[batch:]
-            combined = guided_velocity(self.family, conditional[rows], unconditional, self.config.guidance_scale)
-            velocity = conditional.index_copy(0, rows, combined)
+            if rows is None:
+                velocity = guided_velocity(self.family, conditional, unconditional, self.config.guidance_scale)
+            else:
+                combined = guided_velocity(self.family, conditional[rows], unconditional, self.config.guidance_scale)
+                velocity = conditional.index_copy(0, rows, combined)
         return velocity.to(x.device)

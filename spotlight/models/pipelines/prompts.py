@@ -14,6 +14,20 @@ encoded is refused in one line rather than looked up wrong.
 Each prompt is encoded alone, exactly as ``pipe.encode_prompt(prompt)`` encodes it (a batched call
 would pad Qwen-Image's prompts to a common length and change nothing but float rounding), so the
 cached rows equal the pipeline's own embeddings bit for bit.
+
+Why a bound `PromptBatch` for the loops. Turning ids into
+embeddings means reading the ids on the host (a device-to-host sync when they sit on an accelerator),
+looking rows up in a host-side cache, and copying them to the device: done at every forward, that is a
+sync and a pageable copy of up to ~100 MB per denoising step. A `PromptBatch` does it once for a
+rollout chunk or an update's minibatch (`PipelinePolicy.bind_prompts`): the embeddings of the batch's
+distinct prompts go to the device in one copy and are gathered there, while what decides shapes (each
+row's text length, whether it is guided) stays on the host as plain Python values. Slicing it
+(``batch[part]``, a micro-batch) and building a forward's input from it (`forward_embeddings`) then read
+no device value, so the denoising loop and the update's inner loop never wait for the device.
+
+The embeddings a forward gets are equal, bit for bit, to what `PromptCache.embeddings` gives for the same
+rows (the guided rows' negative-prompt half appended): the same rows, trimmed or zero-padded to the
+forward's longest text, with a mask only when some row is padded.
 """
 
 from __future__ import annotations
@@ -22,15 +36,17 @@ import contextlib
 import hashlib
 import logging
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from spotlight.models.pipelines.inputs import PromptEmbeddings
 from spotlight.models.pipelines.loading import quiet_loading
 from spotlight.models.pipelines.folder import PipelineFolder
 
-__all__ = ["DEFAULT_MAX_SEQUENCE_LENGTH", "PromptCache", "prompt_id"]
+__all__ = ["DEFAULT_MAX_SEQUENCE_LENGTH", "PromptBatch", "PromptCache", "bind_prompts", "prompt_id", "stack_rows"]
 
 # what each family's pipeline __call__ passes to encode_prompt by default
 DEFAULT_MAX_SEQUENCE_LENGTH = {"sd3": 256, "flux": 512, "qwen-image": 512}
@@ -160,17 +176,37 @@ class PromptCache:
         """The prompt text of a cached id."""
         return self._texts[key]
 
+    def row(self, key: int) -> PromptEmbeddings:
+        """The cached (1, L, D) embeddings of prompt id ``key``; a KeyError naming the fix if never encoded here."""
+        if key not in self._rows:
+            raise KeyError(f"prompt id {key} was never encoded in this process: turn prompts into ids with "
+                           "spotlight.models.generation.prompt_tokens(policy, prompts) here, not in another process")
+        return self._rows[key]
+
+    def bind(self, keys: Sequence[int], guided: Sequence[bool], negative_prompt: str | None,
+             device: torch.device) -> PromptBatch:
+        """A `PromptBatch` of prompt ids ``keys`` on ``device``: the distinct prompts' rows copied there once and
+        gathered; ``negative_prompt`` (None: no true CFG) encoded if new and kept beside them."""
+        negative = None if negative_prompt is None else int(self.ids([negative_prompt])[0])
+        distinct = list(dict.fromkeys(keys))
+        table, lengths = stack_rows([self.row(key) for key in distinct])
+        where = {key: index for index, key in enumerate(distinct)}
+        positions = torch.tensor([where[key] for key in keys], dtype=torch.int64)
+        on_device = table.to(device=device)
+        rows = PromptEmbeddings(
+            embeds=on_device.embeds.index_select(0, positions.to(device)),
+            pooled=None if on_device.pooled is None else on_device.pooled.index_select(0, positions.to(device)))
+        negative_row = None if negative is None else self.row(negative).to(device=device)
+        return PromptBatch(rows=rows, lengths=tuple(lengths[where[key]] for key in keys), guided=tuple(guided),
+                           negative=negative_row,
+                           negative_length=0 if negative_row is None else negative_row.embeds.shape[1])
+
     def embeddings(self, ids: torch.Tensor) -> PromptEmbeddings:
         """The batch (B, L, D) of cached prompts ``ids`` (B,); Qwen-Image's are padded to the longest, with a mask.
 
         The mask is None when no row is padded, as the pipeline passes it for prompts of one length.
         """
-        rows = []
-        for key in ids.reshape(-1).tolist():
-            if key not in self._rows:
-                raise KeyError(f"prompt id {key} was never encoded in this process: turn prompts into ids with "
-                               "spotlight.models.generation.prompt_tokens(policy, prompts) here, not in another process")
-            rows.append(self._rows[key])
+        rows = [self.row(key) for key in ids.reshape(-1).tolist()]
         lengths = [row.embeds.shape[1] for row in rows]
         longest = max(lengths)
         if all(length == longest for length in lengths):
@@ -182,3 +218,103 @@ class PromptCache:
             embeds[index, :length] = row.embeds[0]
             mask[index, :length] = True
         return PromptEmbeddings(embeds=embeds, mask=mask)
+
+
+# --- a batch bound to the device ------------------------------------------------------------
+
+
+def bind_prompts(model: torch.nn.Module, tokens: torch.Tensor) -> Any:
+    """``tokens`` ready for ``model``'s forward on its device, resolved once: a pipeline policy's `PromptBatch`
+    (``bind_prompts`` of `spotlight.models.pipelines.policy.PipelinePolicy`), else the token ids moved there.
+
+    Call it outside a loop of forwards: it may read the ids on the host; what it returns never does.
+    ``model`` may be a DDP wrapper (its ``module`` binds).
+    """
+    policy = getattr(model, "module", model)
+    bind = getattr(policy, "bind_prompts", None)
+    return bind(tokens) if bind is not None else tokens.to(next(policy.parameters()).device)
+
+
+def stack_rows(rows: list[PromptEmbeddings]) -> tuple[PromptEmbeddings, list[int]]:
+    """Rows (each (1, L_i, D)) stacked into (N, max L_i, D), zero-padded, and their lengths; no mask."""
+    lengths = [row.embeds.shape[1] for row in rows]
+    longest = max(lengths)
+    embeds = torch.cat([F.pad(row.embeds, (0, 0, 0, longest - row.embeds.shape[1])) for row in rows])
+    pooled = None if rows[0].pooled is None else torch.cat([row.pooled for row in rows])
+    return PromptEmbeddings(embeds=embeds, pooled=pooled), lengths
+
+
+@dataclass(frozen=True)
+class PromptBatch:
+    """The conditioning of B rows on the device, with the shape-deciding facts on the host.
+
+    ``rows``: (B, L, D) embeddings zero-padded to the longest row (and pooled (B, P)), no mask;
+    ``lengths``: each row's real text length; ``guided``: whether each row asks for the classifier-free
+    guided velocity; ``negative``: the negative prompt's (1, L_n, D) row, present when the policy runs
+    true CFG (None: no row is guided, or guidance is an input of the model).
+    """
+
+    rows: PromptEmbeddings
+    lengths: tuple[int, ...]
+    guided: tuple[bool, ...]
+    negative: PromptEmbeddings | None = None
+    negative_length: int = 0
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(B, 2), the shape of the id rows it was bound from, for code that sizes a batch by its tokens."""
+        return (len(self.lengths), 2)
+
+    def __getitem__(self, part: slice) -> PromptBatch:
+        """The rows of a slice (a micro-batch): views of the device tensors, no device read."""
+        if not isinstance(part, slice):
+            raise TypeError(f"a PromptBatch is sliced by row ranges (got {type(part).__name__}): bind the rows "
+                            "you need with policy.bind_prompts(tokens[rows])")
+        return PromptBatch(rows=self.rows[part], lengths=self.lengths[part], guided=self.guided[part],
+                           negative=self.negative, negative_length=self.negative_length)
+
+    def guided_rows(self) -> list[int]:
+        """Indices of the rows that run with a negative-prompt half (none without true CFG)."""
+        if self.negative is None:
+            return []
+        return [index for index, guided in enumerate(self.guided) if guided]
+
+    def forward_embeddings(self, guided_count: int) -> PromptEmbeddings:
+        """The transformer's ``PromptEmbeddings`` for the B rows followed by ``guided_count`` negative rows.
+
+        Trimmed (or zero-padded) to the longest of those rows, with a (B + G, L) mask only when some row
+        is shorter, as `PromptCache.embeddings` gives it; every size is read from the host-side lengths.
+        """
+        lengths = list(self.lengths) + [self.negative_length] * guided_count
+        longest = max(lengths)
+        parts = [_fit(self.rows, longest)]
+        if guided_count:
+            assert self.negative is not None  # guided_rows() is empty without it
+            parts.append(_fit(self.negative, longest).expand(guided_count))
+        embeds = torch.cat([part.embeds for part in parts])
+        pooled = None if parts[0].pooled is None else torch.cat([part.pooled for part in parts])
+        if all(length == longest for length in lengths):
+            return PromptEmbeddings(embeds=embeds, pooled=pooled)
+        positions = torch.arange(longest, device=embeds.device)
+        bounds = torch.tensor(lengths, device="cpu").to(embeds.device, non_blocking=True)  # host list: no sync
+        return PromptEmbeddings(embeds=embeds, pooled=pooled, mask=positions[None, :] < bounds[:, None])
+
+
+@dataclass(frozen=True)
+class _Fitted:
+    embeds: torch.Tensor
+    pooled: torch.Tensor | None
+
+    def expand(self, count: int) -> _Fitted:
+        return _Fitted(self.embeds.expand(count, -1, -1),
+                       None if self.pooled is None else self.pooled.expand(count, -1))
+
+
+def _fit(rows: PromptEmbeddings, length: int) -> _Fitted:
+    """``rows`` cut or zero-padded to ``length`` text positions (their padding is zeros already)."""
+    have = rows.embeds.shape[1]
+    embeds = rows.embeds[:, :length] if have >= length else F.pad(rows.embeds, (0, 0, 0, length - have))
+    return _Fitted(embeds, rows.pooled)
