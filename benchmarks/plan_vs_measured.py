@@ -88,6 +88,11 @@ def _qwen_prompt_tokens(model: str, run_args: argparse.Namespace, work: Path) ->
 def plan_of(run: dict[str, Any], work: Path, profile: DeviceProfile) -> FolderWorkload:
     """The plan's workload for a recorded gpu_throughput run: the same TrainConfig, on a folder of its configs."""
     run_args = gpu_throughput_args(shlex.split(run["command"])[1:])
+    # parse_args picks the small setting on a machine without CUDA: the run's recorded setting is what ran
+    setting = run["setting"]
+    for key in ("resolution", "steps", "guidance", "prompts", "group", "dtype"):
+        setattr(run_args, key, setting[key])
+    run_args.small, run_args.device = run["small"], "cpu"  # the device only names where a Trainer would run
     model = run["model"]
     if run["small"]:
         folder, _ = save_pipeline(model, work / f"{model}-small", True, "cpu", torch.float32)
@@ -120,6 +125,9 @@ def compare(run: dict[str, Any], work: Path, profiles: dict[str, DeviceProfile],
     spot = run["spotlight"]
     images = spot["images_per_iteration"]
     flops = predicted_flops(workload, images)
+    # what the plan divides by efficiency x peak: the hardware's work, checkpointing's recompute included
+    work_flops = {"sample": images * workload.rollout_flops_per_image,
+                  "update": images * workload.update_flops_per_sample}
     row: dict[str, Any] = {"model": run["model"], "small": run["small"], "device": device, "commit": run["commit"],
                            "text_tokens": workload.text_tokens, "phases": {}}
     for phase, efficiency in (("sample", stand_in.rollout_efficiency), ("update", stand_in.update_efficiency)):
@@ -129,9 +137,10 @@ def compare(run: dict[str, Any], work: Path, profiles: dict[str, DeviceProfile],
         comparable = measured_flops and profile is not None  # the CPU meter misses attention (module docstring)
         entry = {"predicted_flops": flops[phase], "measured_flops": measured_flops,
                  "flops_ratio": flops[phase] / measured_flops if comparable else None,
-                 "measured_s": measured_s, "implied_efficiency": flops[phase] / measured_s / peak if peak else None}
+                 "work_flops": work_flops[phase], "measured_s": measured_s,
+                 "implied_efficiency": work_flops[phase] / measured_s / peak if peak else None}
         if profile is not None:
-            entry["predicted_s"] = flops[phase] / (efficiency * peak)
+            entry["predicted_s"] = work_flops[phase] / (efficiency * peak)
             entry["time_ratio"] = entry["predicted_s"] / measured_s
         row["phases"][phase] = entry
     return row
