@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from spotlight.models.pipelines.family_config import DEFAULT_LORA_TARGETS
-from spotlight.models.pipelines.folder import PipelineFolder, read_pipeline_folder
+from spotlight.models.pipelines.folder import PipelineFolder, PipelineFolderError, read_pipeline_folder
 from spotlight.models.pipelines.guidance import uses_true_cfg
 from spotlight.models.pipelines.memory_estimate import (
     GIB,
@@ -134,6 +134,9 @@ def part_parameters(folder: Path, part: str) -> int:
     shapes = safetensors_shapes(directory)
     if shapes:
         return sum(math.prod(shape) for shape in shapes.values())
+    if not (directory / "config.json").is_file():
+        raise PipelineFolderError(f"{directory} has neither safetensors nor a config.json: Spotlight cannot size the "
+                                  f"{part}; pass the pipeline folder with its {part}/config.json")
     text = (directory / "config.json").read_text()
     counted = cached("parameters", {"config": text}, lambda: {"parameters": _meta_parameters(directory)})
     return int(counted["parameters"])

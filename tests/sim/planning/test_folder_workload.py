@@ -18,6 +18,7 @@ from spotlight.rl.grpo import RolloutBatch, grpo_update
 from spotlight.rl.nft import nft_update
 from spotlight.sim.planning.device_profiles import profile
 from spotlight.sim.planning.folder_workload import DoesNotFitError, derive_workload, update_passes
+from spotlight.sim.planning.model_folders import model_folder as model_folder_path
 
 SAMPLES, STEPS = 8, 6
 
@@ -127,3 +128,15 @@ def test_shipped_transformer_configs_match_the_gpu_benchmarks(tmp_path: Path) ->
         ours = json.loads((model_folder(shipped) / "transformer" / "config.json").read_text())
         theirs = json.loads((root / benchmark / "transformer.json").read_text())
         assert ours == {key: value for key, value in theirs.items() if not key.startswith("_") or key == "_class_name"}
+
+
+def test_a_part_with_neither_weights_nor_config_is_one_line(tmp_path) -> None:
+    from spotlight.models.pipelines.folder import PipelineFolderError
+
+    folder = tmp_path / "no-t5-config"
+    shutil.copytree(model_folder_path("sd3.5-medium"), folder)
+    (folder / "text_encoder_3" / "config.json").unlink()
+    with pytest.raises(PipelineFolderError, match="text_encoder_3 has neither safetensors nor a config.json") as error:
+        derive_workload(load_config(PlanConfig, None, [f"model.pretrained={folder}", "rollout.resolution=512"]),
+                        profile("H100-SXM"))
+    assert "\n" not in str(error.value)
