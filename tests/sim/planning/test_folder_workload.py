@@ -140,3 +140,15 @@ def test_a_part_with_neither_weights_nor_config_is_one_line(tmp_path) -> None:
         derive_workload(load_config(PlanConfig, None, [f"model.pretrained={folder}", "rollout.resolution=512"]),
                         profile("H100-SXM"))
     assert "\n" not in str(error.value)
+
+
+def test_lora_all_reduces_its_adapters_and_full_fine_tuning_every_weight(tiny_pipeline) -> None:
+    folder = tiny_pipeline("qwen-image")
+    works = {finetune: derive_workload(load_config(PlanConfig, None, [
+        f"model.pretrained={folder}", "rollout.resolution=32", f"model.finetune={finetune}"]), profile("H100-SXM"))
+        for finetune in ("lora", "full")}
+    lora, full = works["lora"], works["full"]
+    assert full.gradient_bytes == 4 * full.parameters  # float32 gradients of every transformer weight
+    assert 0 < lora.gradient_bytes == 4 * lora.trainable_parameters < full.gradient_bytes
+    assert full.all_reduce_bytes_per_device(8) == pytest.approx(2 * 7 / 8 * full.gradient_bytes)  # a ring
+    assert full.all_reduce_bytes_per_device(1) == 0
