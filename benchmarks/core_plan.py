@@ -1,6 +1,6 @@
 """Which cores a time-to-target run gets: one per device, the trainer's alone, Ray's control plane apart.
 
-A "device" on a CPU box is one pinned core with one thread (`spotlight/runtime/cores.py`). A run of a
+A "device" on a CPU box is one pinned core with one thread (`spotlight/cores.py`). A run of a
 one-device mode takes one core. A run of a spot mode at 1 + N takes 1 + N + C cores, in order: the
 trainer's (alone), the N spot devices' (one each), and C for Ray's control plane (GCS, raylets, the
 queue actor), on which no device runs. With C = 0 the control plane shares the spot devices' cores,

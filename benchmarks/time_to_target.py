@@ -1,7 +1,7 @@
 """Spotlight's headline on this machine: wall time, dollars and iterations to a validation target, per mode.
 
 Modes, each a real `spotlight train` run in its own process with one core per device (pinned, one
-thread each; `spotlight/runtime/cores.py`):
+thread each; `spotlight/cores.py`):
 
     vanilla        1 device: random seeds
     sync-explore   1 device: seed exploration with the current weights on the critical path
@@ -65,7 +65,7 @@ from spotlight.components.checkpoint import load_model
 from spotlight.config import TrainConfig, load_config
 from spotlight.loop.evaluation import evaluate
 from spotlight.market.prices import default_prices
-from spotlight.runtime.cores import available_cores, pinned
+from spotlight.cores import available_cores, pinned
 from spotlight.task_presets import get_task
 
 MODES = ("vanilla", "sync-explore", "spot-rollout", "spotlight")

@@ -14,13 +14,13 @@ from pydantic import Field, PrivateAttr, ValidationError, field_validator, model
 
 from spotlight.data.section import DataSection
 from spotlight.disagg.section import DisaggSection
-from spotlight.explore.planner import PlannerSection
+from spotlight.explore.planner_section import PlannerSection
 from spotlight.models.policy_section import PolicySection
 from spotlight.modes import Mode
 from spotlight.ranks.section import TrainerSection, ranks_problem
 from spotlight.rewards.section import RewardSection
 from spotlight.components.guard_section import GuardSection
-from spotlight.runtime.cores import check_cores, unpinned_cores
+from spotlight.cores import check_cores, unpinned_cores
 from spotlight.runtime.section import RuntimeSection
 from spotlight.schema import ConfigError, Section  # noqa: F401 (re-exported: ConfigError, Section)
 from spotlight.tasks import TaskName
@@ -184,7 +184,7 @@ class TrainConfig(Section):
     base_checkpoint: str = "shapes-base"
     run_dir: str = "runs/train"
     num_threads: int = Field(2, ge=1)  # when pin_devices is false
-    # One device = one core (spotlight/runtime/cores.py): the trainer / on-demand device runs on the
+    # One device = one core (spotlight/cores.py): the trainer / on-demand device runs on the
     # first of device_cores with one thread, spot device k of a local cluster on the (k+2)-th (cycling
     # over the rest; with trainer.devices K, trainer rank r on the (r+1)-th and spot devices after the K
     # ranks' cores). null: this machine's cores in order. Attach mode pins only the trainer.

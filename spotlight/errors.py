@@ -40,7 +40,7 @@ KNOWN_ERRORS = (
     ("spotlight.market.traces", "TraceError"),
     ("spotlight.market.prices", "PriceError"),
     ("spotlight.runtime.spot.pools", "PoolError"),
-    ("spotlight.runtime.cores", "CoreError"),
+    ("spotlight.cores", "CoreError"),
     ("spotlight.runtime.spot.worker", "WorkerConfigError"),
     ("spotlight.runtime.sp.reconfigure", "ReconfigureError"),
     ("spotlight.report.run_data", "ReportError"),

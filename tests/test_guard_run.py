@@ -17,7 +17,7 @@ import pytest
 
 from spotlight.loop.evaluation import evaluate
 from spotlight.components.checkpoint import latest_checkpoint, load_model, load_training_state
-from spotlight.runtime.cores import pinned
+from spotlight.cores import pinned
 from spotlight.task_presets import get_task
 
 

@@ -5,10 +5,11 @@ maths below the machinery); this file holds the folder-level ones that keep the 
 (``docs/architecture.md`` draws it):
 
 - **Folders import one way.** Collapse every module to its top-level folder (``spotlight.runtime.sp.agent``
-  to ``runtime``; a top-level module is its own) and the graph between folders has no cycle. A config
-  *section* (a module named ``section`` or ``*_section``) belongs to the configuration, which gathers
-  the sections of every folder: that is how ``spotlight.config`` sits above the folders whose sections
-  it reads without their importing it back.
+  to ``runtime``; a top-level module is its own) and the graph between folders has no cycle. Each
+  folder defines its own config section (``runtime/section.py``, ``ranks/section.py``, ...), a pydantic
+  schema with no machinery, and the run configs (`spotlight.config`, `spotlight.plan_config`) gather
+  them: a run config's import of a section is a read of configuration, not a dependency on the
+  folder's machinery, and is left out. Every other import counts.
 - **No kind branch outside ``spotlight.models``.** The loop, the workers and SP ask a policy (its
   protocol, `spotlight.models.policy`) or a kind's spec (`spotlight.models.spec`); an ``isinstance`` on a
   model class or a ``getattr``/``hasattr`` probe for a policy member elsewhere is the branching the specs
@@ -24,6 +25,7 @@ from pathlib import Path
 from test_structure import PACKAGE_ROOT, ModuleImports, cycles, import_graph, package_modules, write_package
 
 MAX_MODULES_PER_FOLDER = 15
+CONFIGS = frozenset({"spotlight.config", "spotlight.plan_config"})  # the run configs, which gather every section
 KIND_TYPES = frozenset({"TinyDiT", "TinyDiTConfig", "DiffusersPolicy", "DiffusersPolicyConfig", "PipelinePolicy",
                         "LoraShadow", "ReferencePolicy"})
 POLICY_MEMBERS = frozenset({"tokenize", "decode_images", "schedule", "save_for_diffusers", "shard_root", "transformer",
@@ -31,19 +33,28 @@ POLICY_MEMBERS = frozenset({"tokenize", "decode_images", "schedule", "save_for_d
 
 
 def folder_of(module: str) -> str:
-    """The top-level folder of ``module`` (a top-level module is its own); a config section's is ``config``."""
+    """The top-level folder of ``module`` (a top-level module is its own)."""
     parts = module.split(".")
-    if parts[-1] == "section" or parts[-1].endswith("_section"):
-        return "config"
     return parts[1] if len(parts) > 1 else parts[0]
+
+
+def is_section(module: str) -> bool:
+    """A config section module: ``section`` or ``*_section`` (a pydantic schema, no machinery)."""
+    name = module.rpartition(".")[2]
+    return name == "section" or name.endswith("_section")
+
+
+def imports_between_folders(graph: dict[str, ModuleImports]) -> list[tuple[str, str]]:
+    """Every (module, imported module) pair across folders, less a run config's reads of a folder's section."""
+    return [(module, target) for module, imports in sorted(graph.items()) for target in sorted(imports.spotlight)
+            if folder_of(module) != folder_of(target) and not (module in CONFIGS and is_section(target))]
 
 
 def folder_graph(graph: dict[str, ModuleImports]) -> dict[str, frozenset[str]]:
     """Each folder with the folders its modules import (itself left out)."""
-    edges: dict[str, set[str]] = {}
-    for module, imports in graph.items():
-        source = folder_of(module)
-        edges.setdefault(source, set()).update(folder_of(t) for t in imports.spotlight if folder_of(t) != source)
+    edges: dict[str, set[str]] = {folder_of(module): set() for module in graph}
+    for module, target in imports_between_folders(graph):
+        edges[folder_of(module)].add(folder_of(target))
     return {folder: frozenset(targets) for folder, targets in edges.items()}
 
 
@@ -53,8 +64,8 @@ def folder_cycle_witnesses(graph: dict[str, ModuleImports]) -> list[str]:
     for cycle in cycles(folder_graph(graph)):
         steps = []
         for source, target in zip(cycle, cycle[1:]):
-            witness = next(f"{m} imports {t}" for m, i in sorted(graph.items()) if folder_of(m) == source
-                           for t in sorted(i.spotlight) if folder_of(t) == target)
+            witness = next(f"{m} imports {t}" for m, t in imports_between_folders(graph)
+                           if folder_of(m) == source and folder_of(t) == target)
             steps.append(witness)
         found.append(" -> ".join(cycle) + " (" + "; ".join(steps) + ")")
     return found

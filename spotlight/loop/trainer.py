@@ -77,7 +77,7 @@ from spotlight.components.stop_signals import StopRequest, stoppable
 from spotlight.components.fingerprint import record_model
 from spotlight.models.pipelines.memory_estimate import out_of_memory_message, with_estimated_micro_batch
 from spotlight.run_error import RunError
-from spotlight.runtime.cores import pinned
+from spotlight.cores import pinned
 from spotlight.loop.seed_choice import Exploration
 from spotlight.loop.streams import Stream, iteration_generator, iteration_prompts
 from spotlight.task_presets import get_task, task_of

@@ -75,7 +75,7 @@ class TrainerRank:
         from spotlight.loop.base_policy import build_policy
         from spotlight.models.shadow import frozen_base, frozen_copy
         from spotlight.rl.rollout_update import build_optimizer, uses_reference
-        from spotlight.runtime.cores import pin_process
+        from spotlight.cores import pin_process
 
         pin_process(core, config.num_threads)  # one rank = one device = one core
         torch.manual_seed(config.seed)

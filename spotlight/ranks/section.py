@@ -31,7 +31,7 @@ def ranks_problem(config: Any) -> str | None:
     (only the adapters' gradients are all-reduced), and a full fine-tune is not sharded in the loop yet.
     """
     from spotlight.modes import Mode
-    from spotlight.runtime.cores import unpinned_cores
+    from spotlight.cores import unpinned_cores
 
     devices = config.trainer.devices
     if devices == 1:

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from spotlight.explore.planner import PlannerSection
+from spotlight.explore.planner_section import PlannerSection
 from spotlight.modes import Mode
 from spotlight.schema import Section
 

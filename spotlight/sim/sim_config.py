@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from spotlight.explore.planner import PlannerSection
+from spotlight.explore.planner_section import PlannerSection
 from spotlight.modes import Mode
 from spotlight.schema import Section
 from spotlight.sim.convergence import ConvergenceSection, SignalSection

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from spotlight.config import TrainConfig, load_config
-from spotlight.runtime.cores import CoreError, check_cores, pinned
+from spotlight.cores import CoreError, check_cores, pinned
 from spotlight.schema import ConfigError
 
 

@@ -1,6 +1,6 @@
 """A generator device of the disaggregated pipeline: pulls units, draws and scores them, pushes the samples.
 
-One process pinned to its own core with one thread (`spotlight.runtime.cores`), as every device here.
+One process pinned to its own core with one thread (`spotlight.cores`), as every device here.
 It holds the policy, loads published weights only between tasks (one version per trajectory, logged
 at every denoising step by `spotlight.disagg.generators.generate_fragment`), and scores its own
 samples: reward scoring runs in the generator process, not on the trainer. A separate reward actor
@@ -28,7 +28,7 @@ from spotlight.models.generation import generate, images_of, prompt_tokens
 from spotlight.models.policy import to_images
 from spotlight.models.policy import Policy
 from spotlight.rewards.base import Reward, guarded_score
-from spotlight.runtime.cores import pin_process
+from spotlight.cores import pin_process
 from spotlight.disagg.runtime.queue import Task
 from spotlight.runtime.spot.worker import model_from_weights
 
