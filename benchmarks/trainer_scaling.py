@@ -1,11 +1,19 @@
-"""Trainer ranks (`trainer.devices`): samples/s of the update for K = 1 and 2 on this machine, and what
-the all-reduce moves per step for LoRA and for full weights of each family's real transformer.
+"""Trainer ranks (`trainer.devices`): the loop's rollout and update time for K = 1 and 2 on this machine, the
+update and one all-reduce in isolated processes, and what the all-reduce moves per step for LoRA and for
+full weights of each family's real transformer.
 
-Measured: the default NFT update (`train:` defaults: 2 epochs x 4 minibatches, 2 noise levels per
-sample) of the shipped shapes base model (TinyDiT, 2.9 M parameters, every weight trained with DDP) on
-a rollout of the default size (16 prompts x 8 samples, random clean samples and advantages), one rank
-per core with one thread (K = 1: core 0; K = 2: cores 0 and 1, gloo), repeated and the median taken.
-Also measured: one gloo all-reduce of the TinyDiT's float32 gradient between the two cores.
+Measured in the loop (`Trainer.iteration`, mode vanilla, no spot device, one rank per core with one
+thread, gloo; K = 2: rank 1 a Ray actor): ``time/rollout_s`` (sampling, decoding and scoring, each rank
+its share of the groups, gathered on rank 0) and ``time/train_s`` (the update, DDP) of ``--repeats``
+iterations after a warm-up one, as median, min and max, for
+
+    toy    the shipped shapes base model (TinyDiT, 2.9 M parameters) on the default rollout (16 prompts x 8
+           samples, 10 steps) and update (NFT, 2 epochs x 4 minibatches), the shapes reward
+    sd3    a tiny SD3 pipeline folder (`spotlight make-tiny-pipeline sd3`, LoRA rank 4) at 32 px, 8 prompts x
+           4 samples, 4 steps, the same update, a brightness reward (a Python function reward)
+
+Measured apart: the default NFT update of the toy model on random clean samples, one process per rank
+(mp, gloo), and one gloo all-reduce of the TinyDiT's float32 gradient between the two cores.
 
 Computed: the parameter counts of SD3.5-Medium, FLUX.1-dev and Qwen-Image's transformers, built on the
 meta device from their published configs (no weights), and their LoRA at the default targets and rank
@@ -13,7 +21,9 @@ meta device from their published configs (no weights), and their LoRA at the def
 all-reduce per micro-batch backward: 1 without ``train.micro_batch_size``) and each rank's ring traffic,
 2 (K-1)/K of it.
 
-    python benchmarks/trainer_scaling.py        (~2 min on two idle cores)
+The K = 1 and K = 2 trainers take turns, one iteration each, and the ratio is taken pair by pair.
+
+    python benchmarks/trainer_scaling.py        (~10 min on two idle cores; --repeats 3)
 """
 
 from __future__ import annotations
@@ -21,23 +31,28 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from provenance import RESULTS, git_commit, machine
 
-from spotlight.config import TrainSection
+from spotlight.components.checkpoint import load_model
+from spotlight.config import TrainConfig, TrainSection, parse_config
+from spotlight.loop.trainer import Trainer
 from spotlight.models.pipelines.family_config import DEFAULT_LORA_TARGETS
 from spotlight.models.pipelines.memory_estimate import lora_parameter_count
 from spotlight.ranks.data_parallel import RankShare, data_parallel
-from spotlight.components.checkpoint import load_model
 from spotlight.rl.grpo import RolloutBatch
 from spotlight.rl.nft import nft_update
 from spotlight.rl.rollout_update import build_optimizer
+from spotlight.cores import pinned
 
 PROMPTS, GROUP = 16, 8
 LORA_RANK = 32  # Flow-GRPO's SD3.5 rank (the tiny configs use 4)
@@ -116,6 +131,66 @@ def measure(world_size: int, repeats: int) -> dict:
     return result
 
 
+def brightness(images: torch.Tensor, prompts, metadata) -> list[float]:
+    """The sd3 case's reward (``reward.name: trainer_scaling:brightness``): each image's mean pixel value."""
+    return images.float().mean(dim=(1, 2, 3)).tolist()
+
+
+def loop_settings(case: str, folder: Path) -> dict:
+    """The config of one case (module docstring); ``folder``: the tiny SD3 pipeline (sd3 only)."""
+    settings = {"mode": "vanilla", "iterations": 100, "device_cores": [0, 1], "runtime": {"node_timeout_s": 600}}
+    if case == "toy":
+        return settings
+    return {**settings, "model": {"pretrained": str(folder)}, "reward": {"name": "trainer_scaling:brightness"},
+            "rollout": {"prompts_per_iteration": 8, "group_size": 4, "num_steps": 4, "resolution": 32,
+                        "sde_steps": None, "guidance_scale": 2.0}}
+
+
+def open_trainer(case: str, devices: int, root: Path) -> Trainer:
+    """A trainer of one case (module docstring) on ``devices`` ranks, rank 0 pinned to core 0."""
+    settings = loop_settings(case, root / "sd3")
+    config = parse_config(TrainConfig, {**settings, "run_dir": str(root / f"{case}-{devices}"),
+                                        "trainer": {"devices": devices}})
+    shutil.rmtree(config.run_dir, ignore_errors=True)
+    return Trainer(config)
+
+
+def close_trainer(trainer: Trainer) -> None:
+    if trainer.ranks is not None:
+        trainer.ranks.close()
+    trainer.backend.close()
+    trainer._lock.release()
+
+
+def loop_timing(case: str, repeats: int, root: Path) -> list[dict]:
+    """``time/rollout_s`` and ``time/train_s`` of ``repeats`` loop iterations after a warm-up, K = 1 and K = 2.
+
+    The two trainers are open together and take turns, one iteration each: on a machine others load, a
+    pair of iterations sees about the same load, so the ratio of a pair is fairer than the ratio of two
+    runs minutes apart.
+    """
+    with pinned(0, 1):
+        trainers = {devices: open_trainer(case, devices, root) for devices in (1, 2)}
+        try:
+            records: dict[int, list[dict]] = {1: [], 2: []}
+            for iteration in range(repeats + 1):
+                for devices, trainer in trainers.items():
+                    records[devices].append(trainer.iteration(iteration))
+        finally:
+            for trainer in trainers.values():
+                close_trainer(trainer)
+    samples = trainers[1].config.rollout.prompts_per_iteration * trainers[1].config.rollout.group_size
+    rows = []
+    for devices in (1, 2):
+        row = {"case": case, "devices": devices, "samples": samples}
+        for phase in ("rollout", "train"):
+            seconds = [record[f"time/{phase}_s"] for record in records[devices][1:]]
+            row[phase] = {"median_s": statistics.median(seconds), "min_s": min(seconds), "max_s": max(seconds),
+                          "repeats_s": seconds}
+        rows.append(row)
+    return rows
+
+
 def family_volumes() -> list[dict]:
     import diffusers
 
@@ -134,14 +209,45 @@ def family_volumes() -> list[dict]:
     return rows
 
 
+def ratio(rows: list[dict], case: str, phase: str) -> dict:
+    """K = 2 over K = 1 of a phase, pair by pair (the iterations that ran in turn): median, min and max."""
+    one, two = (next(r for r in rows if r["case"] == case and r["devices"] == k)[phase]["repeats_s"] for k in (1, 2))
+    pairs = [b / a for a, b in zip(one, two, strict=True)]
+    return {"median": statistics.median(pairs), "best": min(pairs), "worst": max(pairs), "pairs": pairs}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--cases", nargs="+", default=["toy", "sd3"], choices=["toy", "sd3"])
     args = parser.parse_args()
     load = os.getloadavg()[0]
+    root = Path(tempfile.mkdtemp(prefix="trainer-scaling-"))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent),
+                                                             os.environ.get("PYTHONPATH")]))  # the ranks' reward
+    if "sd3" in args.cases:
+        from spotlight.models.pipelines.tiny import save_tiny_pipeline
+
+        save_tiny_pipeline("sd3", root / "sd3")
+    loop = [row for case in args.cases for row in loop_timing(case, args.repeats, root)]
+    ratios = {case: {phase: ratio(loop, case, phase) for phase in ("rollout", "train")} for case in args.cases}
     scaling = [measure(1, args.repeats), measure(2, args.repeats)]
     volumes = family_volumes()
-    print(f"update of the shapes base model (NFT defaults, {PROMPTS}x{GROUP} samples), load average {load:.1f}")
+    load_after = os.getloadavg()[0]
+    shutil.rmtree(root, ignore_errors=True)
+    print(f"the loop, mode vanilla, no spot device; load average {load:.1f} before, {load_after:.1f} after "
+          f"(2 cores: a shared machine's numbers are indicative)")
+    print(f"{'case':<5} {'K':>2} {'rollout s (min-max)':>22} {'update s (min-max)':>22}")
+    for row in loop:
+        cells = [f"{row[p]['median_s']:>6.2f} ({row[p]['min_s']:.2f}-{row[p]['max_s']:.2f})"
+                 for p in ("rollout", "train")]
+        print(f"{row['case']:<5} {row['devices']:>2} {cells[0]:>22} {cells[1]:>22}")
+    for case, phases in ratios.items():
+        print(f"{case}: K=2/K=1 (median of pairs, min-max) rollout {phases['rollout']['median']:.2f}x "
+              f"({phases['rollout']['best']:.2f}-"
+              f"{phases['rollout']['worst']:.2f}), update {phases['train']['median']:.2f}x "
+              f"({phases['train']['best']:.2f}-{phases['train']['worst']:.2f})")
+    print(f"\nupdate alone (toy, {PROMPTS}x{GROUP} samples, one process per rank)")
     print(f"{'K':>3} {'update s':>9} {'samples/s':>10} {'all-reduce s':>13}")
     for row in scaling:
         print(f"{row['devices']:>3} {row['update_s']:>9.2f} {row['samples_per_s']:>10.1f} "
@@ -155,9 +261,13 @@ def main() -> None:
               f"{row['ring_traffic_per_rank_bytes']['32']['full'] / 2**30:>17.1f}GiB")
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / "trainer_scaling.json"
-    config = {"prompts": PROMPTS, "group_size": GROUP, "train": TrainSection().model_dump()}
-    path.write_text(json.dumps({"commit": git_commit(), "machine": machine(), "load_average": load, "config": config,
-                                "scaling": scaling, "families": volumes}, indent=2))
+    config = {"prompts": PROMPTS, "group_size": GROUP, "train": TrainSection().model_dump(),
+              "loop_cases": {case: loop_settings(case, Path("<tiny sd3 folder>")) for case in args.cases},
+              "repeats": args.repeats}
+    path.write_text(json.dumps({"commit": git_commit(), "machine": machine(), "load_average": load,
+                                "load_average_after": load_after, "config": config, "loop": loop,
+                                "loop_ratio_k2_over_k1": ratios, "scaling": scaling, "families": volumes,
+                                "gpu": "not measured: no GPU lent"}, indent=2))
     print(f"written to {path}")
 
 
