@@ -15,7 +15,8 @@ What `spotlight plan` and `spotlight simulate` know about a model they have not 
     forward and backward (two rows with true CFG) and a guided reference forward when ``kl_beta`` > 0;
   - gradient checkpointing adds one more forward per backward (the recompute);
 - bytes: the trainer's memory (`spotlight.models.pipelines.memory_estimate`, the estimate `spotlight
-  train` prints) at the largest micro-batch that fits the GPU; gradients all-reduced per optimizer step
+  train` prints, with the sizes counted on the meta device) at the largest micro-batch whose estimate
+  fits 90% of the GPU, as `choose_micro_batch` picks a run's; gradients all-reduced per optimizer step
   (float32: LoRA's adapters or every weight, as the trainer keeps them); the trained weights broadcast
   to the rollout devices after each update.
 
@@ -33,11 +34,13 @@ from spotlight.models.pipelines.family_config import DEFAULT_LORA_TARGETS
 from spotlight.models.pipelines.folder import PipelineFolder, PipelineFolderError, read_pipeline_folder
 from spotlight.models.pipelines.guidance import uses_true_cfg
 from spotlight.models.pipelines.memory_estimate import (
+    GENERATE_CHUNK,
     GIB,
     MemoryEstimate,
     ModelSizes,
     estimate_training_memory,
     safetensors_shapes,
+    training_rows,
 )
 from spotlight.sim.planning.count_cache import cached
 from spotlight.sim.planning.forward_flops import ForwardCount, count_forward_flops, text_tokens
@@ -49,6 +52,7 @@ if TYPE_CHECKING:
 __all__ = ["DoesNotFitError", "FolderWorkload", "RunFields", "derive_workload", "part_parameters", "update_passes"]
 
 DEFAULT_PROMPT_TOKENS = 32  # Qwen-Image: GenEval/OCR-length prompts (PlanSection.prompt_tokens)
+FIT_HEADROOM = 0.9  # a micro-batch fits when its estimate is within 90% of the GPU (choose_micro_batch's)
 FLOAT32_BYTES = 4  # trained weights, their gradients and LoRA's adapters stay float32 (adapter.py)
 
 
@@ -186,28 +190,43 @@ def _optimizer_steps(config: RunFields) -> int:
     return train.num_minibatches * (train.num_epochs if train.algorithm == "nft" else 1)
 
 
-def _memory(config: RunFields, count: ForwardCount, sizes: ModelSizes, rows: int) -> MemoryEstimate:
-    train = config.train
+def _memory(config: RunFields, count: ForwardCount, sizes: ModelSizes, micro_batch: int | None,
+            pixels: int = 0) -> MemoryEstimate:
+    """`run_memory_estimate`'s estimate at ``micro_batch``, with the sizes counted on the meta device."""
+    train, rollout = config.train, config.rollout
     uses_reference = train.kl_beta > 0 if train.algorithm == "flow-grpo" else train.nft_kl_beta > 0
     copies = 1 + (train.ema_decay is not None) + (train.old_policy_decay > 0)
+    guided = rollout.guidance_scale > 1
+    merged = config.model.merge_lora if config.model.merge_lora is not None else True  # a GPU run's default
     return estimate_training_memory(
         sizes, dtype=config.dtype, finetune=config.model.finetune, optimizer=train.optimizer, frozen_copies=copies,
-        reference=uses_reference, tokens=count.image_tokens + count.text_tokens, rows=rows,
-        gradient_checkpointing=config.model.gradient_checkpointing)
+        reference=uses_reference, tokens=count.image_tokens + count.text_tokens,
+        rows=training_rows(config, micro_batch), gradient_checkpointing=config.model.gradient_checkpointing,
+        text_tokens=count.text_tokens,
+        sample_rows=min(rollout.prompts_per_iteration * rollout.group_size, GENERATE_CHUNK) * (2 if guided else 1),
+        merged_lora=merged, pixels=pixels)
 
 
-def _fit(config: RunFields, count: ForwardCount, sizes: ModelSizes, rows: int,
+def _fit(config: RunFields, count: ForwardCount, sizes: ModelSizes, pixels: int,
          device: DeviceProfile) -> tuple[MemoryEstimate, int]:
-    """The memory at the largest micro-batch (``rows`` halved until it fits) and that micro-batch."""
-    micro = rows if config.train.micro_batch_size is None else min(rows, config.train.micro_batch_size)
-    while True:
-        estimate = _memory(config, count, sizes, micro)
-        if estimate.total <= device.memory_bytes or micro == 1:
-            break
-        micro = max(1, micro // 2)
-    if estimate.total > device.memory_bytes:
-        raise DoesNotFitError(_what_would_fit(config, estimate, device))
-    return estimate, micro
+    """The estimate at the largest micro-batch whose estimate fits 90% of the GPU (as `choose_micro_batch`
+    picks it for a run), at most ``train.micro_batch_size`` when set; that micro-batch."""
+    largest = training_rows(config, None)
+    if config.train.algorithm == "flow-grpo" and config.rollout.guidance_scale > 1:
+        largest //= 2
+    if config.train.micro_batch_size is not None:
+        largest = min(largest, config.train.micro_batch_size)
+    budget = FIT_HEADROOM * device.memory_bytes
+    best, low, high = None, 1, max(largest, 1)
+    while low <= high:  # the estimate grows with the rows: bisect for the largest that fits
+        middle = (low + high) // 2
+        if _memory(config, count, sizes, middle, pixels).total <= budget:
+            best, low = middle, middle + 1
+        else:
+            high = middle - 1
+    if best is None:
+        raise DoesNotFitError(_what_would_fit(config, _memory(config, count, sizes, 1, pixels), device))
+    return _memory(config, count, sizes, best, pixels), best
 
 
 def _what_would_fit(config: RunFields, estimate: MemoryEstimate, device: DeviceProfile) -> str:
@@ -264,11 +283,12 @@ def derive_workload(config: RunFields, device: DeviceProfile, prompt_tokens: int
     hidden = heads * int(transformer["attention_head_dim"])
     text = sum(part_parameters(folder.path, part) for part in folder.components if part.startswith("text_encoder"))
     vae = part_parameters(folder.path, "vae")
+    vae_channels = int(folder.vae.get("base_dim") or (folder.vae.get("block_out_channels") or [0])[0])
     sizes = ModelSizes(transformer=count.parameters, text_encoders=text, vae=vae, lora=count.lora_parameters,
-                       blocks=blocks, hidden=hidden)
-    rows = math.ceil(config.rollout.prompts_per_iteration * config.rollout.group_size / config.train.num_minibatches)
-    rows *= config.train.nft_timesteps if config.train.algorithm == "nft" else (2 if guided else 1)
-    memory, micro = _fit(config, count, sizes, rows, device)
+                       blocks=blocks, hidden=hidden, lora_inputs=count.lora_inputs, lora_weights=count.lora_weights,
+                       vae_channels=vae_channels)
+    memory, micro = _fit(config, count, sizes, resolution[0] * resolution[1], device)
+    rows = training_rows(config, None)
     trainable = count.parameters if config.model.finetune == "full" else count.lora_parameters
     return FolderWorkload(
         folder=folder.path, family=folder.family, resolution=tuple(resolution),

@@ -39,7 +39,7 @@ import torch.nn as nn
 
 from spotlight.models.pipelines.family_config import TRANSFORMER_CLASSES
 from spotlight.models.pipelines.folder import PipelineFolder, PipelineFolderError, read_pipeline_folder
-from spotlight.models.pipelines.memory_estimate import CLIP_TOKENS
+from spotlight.models.pipelines.memory_estimate import CLIP_TOKENS, lora_input_features
 from spotlight.models.pipelines.prompts import DEFAULT_MAX_SEQUENCE_LENGTH
 from spotlight.sim.planning.count_cache import cached
 
@@ -63,7 +63,9 @@ class ForwardCount:
 
     flops: FLOPs of the whole forward (torch's counter: 2 per multiply-add), LoRA's adapters included
     when counted with one; image_tokens and text_tokens: per sample; parameters: the transformer's
-    own parameter count; lora_parameters: the adapters' (0 without); train_flops: forward and
+    own parameter count; lora_parameters: the adapters' (0 without); lora_inputs and lora_weights: the
+    targeted Linears' input features by stream and their weights' elements, as
+    `spotlight.models.pipelines.memory_estimate.ModelSizes` takes them; train_flops: forward and
     backward of the same batch with gradients for what is trained (the adapters with LoRA, every
     weight without), None unless asked for.
     """
@@ -75,6 +77,8 @@ class ForwardCount:
     parameters: int
     lora_parameters: int
     train_flops: float | None = None
+    lora_inputs: tuple[int, int, int] = (0, 0, 0)
+    lora_weights: int = 0
 
     @property
     def flops_per_sample(self) -> float:
@@ -180,7 +184,7 @@ def count_forward_flops(folder: PipelineFolder, resolution: tuple[int, int], tok
     key = {"transformer": folder.transformer, "family": folder.family, "resolution": size, "tokens": tokens,
            "batch": batch, "lora": lora, "backward": backward}
     counted = cached("forward", key, lambda: asdict(_count(folder.path, size, tokens, batch, lora, backward, False)))
-    return ForwardCount(**counted)
+    return ForwardCount(**{**counted, "lora_inputs": tuple(counted["lora_inputs"])})
 
 
 @functools.lru_cache(maxsize=32)
@@ -189,8 +193,12 @@ def _count(path: Path, resolution: tuple[int, int], tokens: int, batch: int, lor
     folder = read_pipeline_folder(path)
     latent_hw = folder.latent_size(resolution)
     model = meta_transformer(folder, lora)
-    parameters = sum(p.numel() for name, p in model.named_parameters() if ".lora_" not in name)
-    lora_parameters = sum(p.numel() for name, p in model.named_parameters() if ".lora_" in name)
+    named = dict(model.named_parameters())
+    parameters = sum(p.numel() for name, p in named.items() if ".lora_" not in name)
+    lora_parameters = sum(p.numel() for name, p in named.items() if ".lora_" in name)
+    base_shapes = {name.replace(".base_layer", ""): tuple(p.shape) for name, p in named.items() if ".lora_" not in name}
+    lora_inputs = lora_input_features(base_shapes, lora[1]) if lora is not None else (0, 0, 0)
+    lora_weights = sum(p.numel() for name, p in named.items() if name.endswith(".base_layer.weight") and p.dim() == 2)
     kinds = {} if every_block else _one_block_of_each_kind(model)
     inputs = _meta_inputs(folder, latent_hw, tokens, batch)
     flops = _counted(model, folder, inputs, kinds, train=False)
@@ -201,7 +209,8 @@ def _count(path: Path, resolution: tuple[int, int], tokens: int, batch: int, lor
         train_flops = _counted(model, folder, inputs, kinds, train=True)
     height, width = latent_hw
     return ForwardCount(flops=flops, batch=batch, image_tokens=(height // 2) * (width // 2), text_tokens=tokens,
-                        parameters=parameters, lora_parameters=lora_parameters, train_flops=train_flops)
+                        parameters=parameters, lora_parameters=lora_parameters, train_flops=train_flops,
+                        lora_inputs=lora_inputs, lora_weights=lora_weights)
 
 
 def _counted(model: nn.Module, folder: PipelineFolder, inputs: tuple[Any, ...],

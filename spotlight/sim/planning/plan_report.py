@@ -120,6 +120,10 @@ def make_plan(config: PlanInputs, deadline_h: float, on_demand_options: tuple[in
     named = profile(config.plan.gpu, config.plan.profiles) if from_folder(config) else None
     sources = _sources(config, named)  # a missing price fails before the folder is counted
     sim, work, device = simulation(config)
+    if device is not None and (sim.cluster.on_demand_instance, sim.cluster.spot_instance) not in sources:
+        on_demand, spot = sources[0]  # the configured machines carry another GPU: split the iteration on this one's
+        sim = sim.model_copy(update={"cluster": sim.cluster.model_copy(update={
+            "on_demand_instance": on_demand, "spot_instance": spot})})
     spotlight = sim.model_copy(update={"mode": Mode.SPOTLIGHT})
     at_config = simulate(spotlight)
     records = at_config.timeline
@@ -139,8 +143,10 @@ def make_plan(config: PlanInputs, deadline_h: float, on_demand_options: tuple[in
                    f"({sim.cluster.on_demand_instance} / {sim.cluster.spot_instance})",
     }
     if work is not None and device is not None:
-        per_gpu.update(memory_gib=work.memory.total / GIB, memory_parts_gib={k: v / GIB for k, v in
-                                                                              work.memory.parts.items()},
+        per_gpu.update(memory_gib=work.memory.total / GIB,
+                       memory_parts_gib={k: v / GIB for k, v in work.memory.parts.items()},
+                       memory_phases_gib={k: v / GIB for k, v in work.memory.phases.items()},
+                       memory_peak_phase=work.memory.peak_phase,
                        device_memory_gib=device.memory_bytes / GIB, micro_batch=work.micro_batch,
                        minibatch_rows=work.minibatch_rows)
     deadline_s = deadline_h * 3600.0

@@ -60,7 +60,8 @@ def print_plan(report: PlanReport, console: Console) -> None:
                                    ("update device-s per sample", gpu["update_device_s_per_sample"]),
                                    ("images per GPU-second", gpu["images_per_gpu_s"])]
     if "memory_gib" in gpu:
-        rows += [("trainer memory, GiB", f"{gpu['memory_gib']:.1f} of {gpu['device_memory_gib']:.1f}"),
+        peak = f", peak phase {gpu['memory_peak_phase']}" if gpu.get("memory_peak_phase") else ""
+        rows += [("trainer memory, GiB", f"{gpu['memory_gib']:.1f} of {gpu['device_memory_gib']:.1f}{peak}"),
                  ("micro-batch (of the minibatch's rows)", f"{gpu['micro_batch']} of {gpu['minibatch_rows']}")]
     console.print(_table("one GPU", rows))
     console.print(f"cheapest mix for {report.deadline_h:g} h, with exploration (spotlight): "
