@@ -1,13 +1,22 @@
-"""Paper-scale simulation: Qwen-Image GRPO at 1280² on 32 on-demand + 32 spot H100s, all four modes.
+"""Paper-scale simulation: Qwen-Image at 1280² on 32 on-demand + 32 spot H100s, all four modes.
+
+The workload comes from a pipeline folder, as `spotlight simulate -s model.pretrained=...` derives it
+(`spotlight.plan_config.PlanConfig`, `spotlight.sim.planning.folder_sim.simulation`): FLOPs per forward
+counted on the meta device from the shipped config-only `qwen-image` folder, the update's FLOPs from
+the run's own training fields (NFT, LoRA 64, gradient checkpointing, micro-batch 4, true CFG 4, 32 × 16
+images) and the H100 profile's efficiency, over `configs/simulate-paper.yaml`'s cluster, loop, signal
+and convergence sections. `--typed` reproduces the earlier run on that file's hand-typed ``workload``
+section instead (20 B parameters, 60 layers, MFU 0.40, Flow-GRPO's 3 passes + a KL reference).
 
 Replays the AWS p3 spot trace (Bamboo) through `spotlight.sim.simulate` and reports, per mode, the
 iterations, hours and dollars to the target and the utilisation of each pool; then the ratios of
 `spotlight` to each baseline beside the assumptions that produce them (the published claim is 4×
 faster to the target and 1.4–6.4× cheaper), the same ratios at each cloud's prices, how they move
 when one assumption moves, the cheapest cluster mix for a deadline, and the speed check: one
-100-iteration simulation of a 1,024-GPU cluster over a 12-hour trace (target: under 5 s).
+100-iteration simulation of a 1,024-GPU cluster over a 12-hour trace (target: under 5 s). The JSON
+records the command, the folder and overrides that produced the workload, and its counted FLOPs.
 
-    python benchmarks/simulate_paper_scale.py [--config configs/simulate-paper.yaml]
+    python benchmarks/simulate_paper_scale.py [--config configs/simulate-paper.yaml] [-s FIELD=VALUE ...] [--typed]
 """
 
 from __future__ import annotations
@@ -15,9 +24,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import statistics
+import sys
+import tempfile
 import time
 from dataclasses import asdict
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +39,13 @@ from provenance import REPO, RESULTS, git_commit, machine
 from spotlight.config import load_config
 from spotlight.market.prices import load_prices
 from spotlight.market.traces import Availability, default_trace_dir, load_trace
+from spotlight.models.pipelines.memory_estimate import GIB
+from spotlight.plan_config import PlanConfig
 from spotlight.sim.cluster_mix import cheapest_mix, price_sources
 from spotlight.sim.convergence import fit_convergence, load_measured_points
+from spotlight.sim.planning.device_profiles import DeviceProfile, profile
+from spotlight.sim.planning.folder_sim import simulation
+from spotlight.sim.planning.folder_workload import DoesNotFitError, FolderWorkload
 from spotlight.sim.results import SimResult
 from spotlight.sim.sim_config import SIMULATED_MODES, SimConfig
 from spotlight.sim.simulator import simulate
@@ -39,6 +57,86 @@ PROVIDERS = {  # (on-demand, spot) machine of each cloud in the packaged price t
     "gcp a3-highgpu-8g": ("a3-highgpu-8g", "a3-highgpu-8g"),
     "azure ND96isr_H100_v5": ("Standard_ND96isr_H100_v5", "Standard_ND96isr_H100_v5"),
 }
+# The run the paper-scale table prices (docs/planning.md's command): Qwen-Image's shipped config-only
+# folder, Spotlight's NFT recipe with LoRA 64 and gradient checkpointing, true CFG 4, 32 prompts × 16 images.
+QWEN_IMAGE = ("model.pretrained=qwen-image", "rollout.resolution=1280", "rollout.guidance_scale=4",
+              "rollout.prompts_per_iteration=32", "rollout.group_size=16", "model.lora_rank=64",
+              "model.gradient_checkpointing=true", "train.micro_batch_size=4")
+
+
+def with_measured_convergence(config: SimConfig) -> tuple[SimConfig, Path]:
+    """`config` set to fit α from the measured runs (when it fixes none and the file exists), and that file."""
+    measured = Path(config.convergence.measured) if config.convergence.measured else MEASURED
+    measured = measured if measured.is_absolute() else REPO / measured
+    if config.convergence.alpha is None and measured.is_file():  # the simulation runs on the fitted α
+        config = with_fields(config, convergence={"measured": str(measured)})
+    return config, measured
+
+
+def workload_source(path: str, overrides: list[str], work: FolderWorkload | None,
+                    device: DeviceProfile | None, plan: PlanConfig) -> dict[str, Any]:
+    """What produced the simulator's workload: the config file and overrides, and from a folder its counts,
+    so that the results page can say where each number came from."""
+    source: dict[str, Any] = {"kind": "typed" if work is None else "folder", "config": _relative(Path(path)),
+                              "overrides": list(overrides)}
+    if work is None or device is None:
+        return source
+    return {**source, "folder": _relative(work.folder), "pretrained": plan.model.pretrained,
+            "family": work.family, "resolution": list(work.resolution), "algorithm": plan.train.algorithm,
+            "finetune": plan.model.finetune, "lora_rank": plan.model.lora_rank,
+            "gradient_checkpointing": plan.model.gradient_checkpointing,
+            "text_tokens": work.text_tokens, "text_tokens_source": work.text_tokens_source,
+            "image_tokens": work.image_tokens, "parameters": work.parameters,
+            "trainable_parameters": work.trainable_parameters, "flops_per_forward": work.forward_flops,
+            "flops_per_forward_backward": work.train_pass_flops,
+            "rollout_forwards_per_image": work.rollout_forwards_per_image,
+            "update_passes_per_sample": work.update_passes, "update_flops_per_sample": work.update_flops_per_sample,
+            "optimizer_steps": work.optimizer_steps, "micro_batch": work.micro_batch,
+            "trainer_memory_gib": work.memory.total / GIB,
+            "gpu_profile": {"name": device.name, "rollout_efficiency": device.rollout_efficiency,
+                            "update_efficiency": device.update_efficiency,
+                            "peak_bf16_dense_tflops": device.peak_bf16_dense_tflops,
+                            "efficiency_source": device.efficiency_source}}
+
+
+def _relative(path: Path) -> str:
+    """``path`` relative to the repository when it lies inside it (the JSON then names no machine's paths)."""
+    resolved = (path if path.is_absolute() else REPO / path).resolve()
+    return str(resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else str(path)
+
+
+@cache
+def _unbounded_profiles(gpu: str, profiles: str | None) -> str:
+    """A profile file holding ``gpu``'s profile with room for any trainer: seconds, not memory, are simulated."""
+    entry = {**profile(gpu, profiles).model_dump(), "memory_gb": 1e6}
+    path = Path(tempfile.mkdtemp(prefix="simulate-paper-")) / "gpus.yaml"
+    path.write_text(json.dumps({"gpus": [entry]}))  # JSON is YAML
+    return str(path)
+
+
+def load_simulation(path: str, overrides: list[str]) -> tuple[SimConfig, Path, dict[str, Any]]:
+    """The SimConfig to run (workload from ``model.pretrained``'s folder when the overrides name one, else the
+    file's typed section), the measured-runs file its α comes from, and `workload_source`'s record.
+
+    The plan's memory check prices one trainer sampling up to 256 images in one batch; the simulated
+    cluster spreads the rollout over its devices (16 a device at 32 × 16 on 32), so when that one-trainer
+    estimate does not fit, the workload is counted without the check (as plan_vs_measured.py does) and the
+    JSON keeps the plan's one-line verdict.
+    """
+    plan: PlanConfig = load_config(PlanConfig, path, overrides)
+    verdict = None
+    try:
+        config, work, device = simulation(plan)
+    except DoesNotFitError as error:
+        verdict = str(error)
+        unbounded = _unbounded_profiles(plan.plan.gpu, plan.plan.profiles)
+        config, work, device = simulation(plan.model_copy(update={
+            "plan": plan.plan.model_copy(update={"profiles": unbounded})}))
+    config, measured = with_measured_convergence(config)
+    source = workload_source(path, overrides, work, device, plan)
+    if work is not None:
+        source["one_trainer_memory_fit"] = verdict or "fits"
+    return config, measured, source
 
 
 def with_fields(config: SimConfig, **sections: dict[str, Any]) -> SimConfig:
@@ -118,19 +216,75 @@ def speed_check(trace: Availability, repeats: int) -> dict[str, Any]:
             "simulated_hours": result.simulated_s / 3600.0}
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(REPO / "configs" / "simulate-paper.yaml"))
+    parser.add_argument("-s", "--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                        help="a PlanConfig field, after the Qwen-Image run's (QWEN_IMAGE; the later one wins), "
+                             "e.g. -s model.pretrained=sd3.5-medium -s rollout.resolution=512")
+    parser.add_argument("--typed", action="store_true",
+                        help="the config's hand-typed workload section (the earlier run), not a folder's")
     parser.add_argument("--repeats", type=int, default=3, help="timings of the 1,024-GPU speed check")
     parser.add_argument("--out", default=str(RESULTS / "simulate_paper_scale.json"))
-    args = parser.parse_args()
-    started = time.perf_counter()
+    return parser.parse_args()
 
-    config: SimConfig = load_config(SimConfig, args.config)
-    measured = Path(config.convergence.measured) if config.convergence.measured else MEASURED
-    measured = measured if measured.is_absolute() else REPO / measured
-    if config.convergence.alpha is None and measured.is_file():  # the simulation runs on the fitted α
-        config = with_fields(config, convergence={"measured": str(measured)})
+
+def variations(config: SimConfig, path: str, overrides: list[str], typed: bool) -> dict[str, SimConfig]:
+    """One assumption changed at a time. From a folder, a change of the run (resolution, algorithm) is
+    re-derived from the folder, as `spotlight simulate -s` would; the typed run changes its typed fields."""
+    def rederived(*extra: str) -> SimConfig:
+        return load_simulation(path, [*overrides, *extra])[0]
+
+    if typed:
+        workload: dict[str, SimConfig] = {
+            "512² resolution": with_fields(config, workload={"resolution": 512}),
+            "LoRA-like training (fwd+bwd 2×, no KL ref)": with_fields(
+                config, workload={"train_pass_factor": 2.0, "kl_reference": False}),
+        }
+    else:
+        workload = {
+            "512² resolution (re-derived)": rederived("rollout.resolution=512"),
+            "Flow-GRPO update (train.algorithm=flow-grpo)": rederived("train.algorithm=flow-grpo"),
+        }
+    return {
+        "α = 2 (progress ∝ σ²)": with_fields(config, convergence={"alpha": 2.0}),
+        "near-binary rewards (sharpness 4)": with_fields(config, signal={"reward_sharpness": 4.0}),
+        "stale τ 0.5 (faster drift)": with_fields(config, signal={"stale_kendall_tau": 0.5}),
+        **workload,
+        "SP degree 4": with_fields(config, workload={"sp_degree": 4}),
+        "4× churn (trace time ×0.25)": with_fields(config, cluster={"trace_time_scale": 0.25}),
+        "no preemption notice": with_fields(config, cluster={"notice_s": 0.0}),
+        "cold recovery (120 s restarts)": with_fields(config, cluster={"recovery": "cold"}),
+        "16 on-demand + 48 spot": with_fields(config, cluster={"on_demand_devices": 16, "spot_devices": 48}),
+    }
+
+
+def print_workload(config: SimConfig, workload: dict[str, float], source: dict[str, Any]) -> None:
+    """One line on where the workload came from, one on what the simulator makes of it."""
+    w = config.workload
+    if source["kind"] == "folder":
+        gpu = source["gpu_profile"]
+        print(f"workload from {source['folder']} ({source['family']}, {source['parameters'] / 1e9:.1f} B, "
+              f"{source['algorithm']} {source['finetune']}, {' '.join(source['overrides'])}): "
+              f"{source['flops_per_forward'] / 1e12:.1f} TFLOP/forward counted on meta at "
+              f"{'×'.join(map(str, source['resolution']))} ({source['image_tokens']} image + {source['text_tokens']} "
+              f"text tokens), {source['update_flops_per_sample'] / 1e12:.0f} TFLOP of update per sample, "
+              f"micro-batch {source['micro_batch']} ({source['trainer_memory_gib']:.0f} GiB); {gpu['name']} "
+              f"efficiency rollout {gpu['rollout_efficiency']:.2f} / update {gpu['update_efficiency']:.2f}")
+    else:
+        print(f"workload typed in {source['config']}: {w.params / 1e9:.0f} B at {w.resolution}², MFU {w.mfu:.0%}, "
+              f"train pass factor {w.train_pass_factor:g}{' + KL reference' if w.kl_reference else ''}")
+    print(f"  {workload['tokens']:.0f} tokens, {workload['tflop_per_forward']:.1f} TFLOP/forward → "
+          f"{workload['step_s']:.3f} s/step (CFG ×{w.guidance_forwards}, SP {w.sp_degree}), rollout "
+          f"{workload['rollout_sample_device_s']:.1f} and train {workload['train_sample_device_s']:.1f} device-s "
+          f"per sample, broadcast {workload['broadcast_s']:.1f} s")
+
+
+def main() -> None:
+    args = parse_args()
+    started = time.perf_counter()
+    overrides = list(args.overrides) if args.typed else [*QWEN_IMAGE, *args.overrides]
+    config, measured, source = load_simulation(args.config, overrides)
     trace = load_trace(default_trace_dir() / config.cluster.trace)
     prices = load_prices()
 
@@ -156,11 +310,7 @@ def main() -> None:
         "measured_convergence": measured_alpha,
         "measured_convergence_unfitted": unfitted,
     }
-    print(f"workload: Qwen-Image-class {config.workload.params / 1e9:.0f} B at {config.workload.resolution}², "
-          f"{workload['tokens']:.0f} tokens, {workload['tflop_per_forward']:.1f} TFLOP/forward at "
-          f"{config.workload.mfu:.0%} MFU → {workload['step_s']:.3f} s/step (CFG ×{config.workload.guidance_forwards},"
-          f" SP {config.workload.sp_degree}), rollout {workload['rollout_sample_device_s']:.1f} and train "
-          f"{workload['train_sample_device_s']:.1f} device-s per sample, broadcast {workload['broadcast_s']:.1f} s")
+    print_workload(config, workload, source)
     print(f"loop: {config.loop.prompts_per_iteration} prompts × {config.loop.group_size} samples, "
           f"{config.workload.rollout_steps} steps; vanilla needs {config.convergence.vanilla_iterations:.0f} "
           f"iterations (assumed); planner N {list(config.planner.num_candidates)} × S {list(config.planner.num_steps)}")
@@ -205,23 +355,10 @@ def main() -> None:
               f"{r['spot-rollout']['cheaper']:>25.2f}×{r['sync-explore']['cheaper']:>17.2f}×")
 
     # --- one assumption at a time ------------------------------------------------------------------
-    variations: dict[str, SimConfig] = {
-        "α = 2 (progress ∝ σ²)": with_fields(config, convergence={"alpha": 2.0}),
-        "near-binary rewards (sharpness 4)": with_fields(config, signal={"reward_sharpness": 4.0}),
-        "stale τ 0.5 (faster drift)": with_fields(config, signal={"stale_kendall_tau": 0.5}),
-        "512² resolution": with_fields(config, workload={"resolution": 512}),
-        "LoRA-like training (fwd+bwd 2×, no KL ref)": with_fields(
-            config, workload={"train_pass_factor": 2.0, "kl_reference": False}),
-        "SP degree 4": with_fields(config, workload={"sp_degree": 4}),
-        "4× churn (trace time ×0.25)": with_fields(config, cluster={"trace_time_scale": 0.25}),
-        "no preemption notice": with_fields(config, cluster={"notice_s": 0.0}),
-        "cold recovery (120 s restarts)": with_fields(config, cluster={"recovery": "cold"}),
-        "16 on-demand + 48 spot": with_fields(config, cluster={"on_demand_devices": 16, "spot_devices": 48}),
-    }
     sensitivity: dict[str, Any] = {}
     print("\none change at a time                          spotlight h   vs vanilla: faster cheaper"
           "   vs spot-rollout: faster cheaper")
-    for name, variant in variations.items():
+    for name, variant in variations(config, args.config, overrides, args.typed).items():
         results = run_modes(variant, trace)
         r = ratios(results)
         sensitivity[name] = {"ratios": r, "summaries": {mode: res.summary() for mode, res in results.items()}}
@@ -250,7 +387,8 @@ def main() -> None:
 
     payload = {
         "benchmark": "simulate_paper_scale", "commit": git_commit(), "machine": machine(),
-        "config": config.model_dump(mode="json"), "assumptions": assumptions,
+        "command": " ".join(["python benchmarks/simulate_paper_scale.py", *map(shlex.quote, sys.argv[1:])]),
+        "workload_source": source, "config": config.model_dump(mode="json"), "assumptions": assumptions,
         "published_claim": {"faster": 4.0, "cheaper": [1.4, 6.4]},
         "modes": {mode: result.summary() for mode, result in headline.items()},
         "ratios": headline_ratios, "drivers": what_drives(headline), "ratios_by_provider": by_provider,
