@@ -50,7 +50,7 @@ def test_the_page_and_readme_row_name_the_folder_not_a_typed_model() -> None:
                                                                 "trace": "t.csv"}},
               "ratios": {"vanilla": {"faster": 1.5, "cheaper": 1.25}}, "drivers": {"alpha": 1.2}}
     row = headline(lambda stem: result if stem == "simulate_paper_scale" else None).rows[0]
-    assert "qwen-image's workload derived from its folder's configs: 1280×1280, nft lora 64, 119 TFLOP" in row[0]
+    assert "`qwen-image`'s workload derived from its folder's configs: 1280×1280, nft lora 64, 119 TFLOP" in row[0]
     assert "B-parameter" not in row[0] and "**1.50× faster, 1.25× cheaper**" in row[1]
     tables = simulate_paper_scale(result)
     assert "derived from its folder's configs" in tables[0].caption and tables[0].rows[1][1] == "`x=1`"
