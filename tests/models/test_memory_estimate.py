@@ -138,3 +138,19 @@ def test_the_micro_batch_chosen_from_the_estimate_is_the_largest_that_fits(sd3_f
     assert total(chosen) <= 0.9 * device < total(chosen + 1)
     assert choose_micro_batch(config, 1) is None  # not even one row fits
     assert choose_micro_batch(config, 10**15) == 64  # everything: the minibatch's 64 rows at once
+
+
+def test_a_cuda_run_without_a_micro_batch_gets_the_chosen_one(sd3_folder: Path, monkeypatch) -> None:
+    from spotlight.models.pipelines import memory_estimate
+
+    fields = [f"model.pretrained={sd3_folder}", "rollout.resolution=32", "model.max_sequence_length=16"]
+    cuda = load_config(TrainConfig, None, [*fields, "device=cuda"])
+    device = int(run_memory_estimate(cuda, micro_batch_size=20).total / 0.9) + 1
+    monkeypatch.setattr(memory_estimate, "cuda_memory_bytes", lambda name: device if name == "cuda" else None)
+    chosen = memory_estimate.with_estimated_micro_batch(cuda)
+    assert chosen.train.micro_batch_size == choose_micro_batch(cuda, device) >= 20
+    assert chosen.model == cuda.model and chosen.rollout == cuda.rollout  # nothing else changes
+    assert memory_estimate.with_estimated_micro_batch(load_config(TrainConfig, None, fields)).train.micro_batch_size \
+        is None  # a CPU run keeps its configuration
+    set_by_user = load_config(TrainConfig, None, [*fields, "device=cuda", "train.micro_batch_size=3"])
+    assert memory_estimate.with_estimated_micro_batch(set_by_user).train.micro_batch_size == 3
