@@ -22,9 +22,11 @@ records the command, the folder and overrides that produced the workload, and it
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import math
 import shlex
+import shutil
 import statistics
 import sys
 import tempfile
@@ -109,7 +111,9 @@ def _relative(path: Path) -> str:
 def _unbounded_profiles(gpu: str, profiles: str | None) -> str:
     """A profile file holding ``gpu``'s profile with room for any trainer: seconds, not memory, are simulated."""
     entry = {**profile(gpu, profiles).model_dump(), "memory_gb": 1e6}
-    path = Path(tempfile.mkdtemp(prefix="simulate-paper-")) / "gpus.yaml"
+    folder = tempfile.mkdtemp(prefix="simulate-paper-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    path = Path(folder) / "gpus.yaml"
     path.write_text(json.dumps({"gpus": [entry]}))  # JSON is YAML
     return str(path)
 
