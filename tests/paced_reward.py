@@ -1,7 +1,8 @@
 """A reward function for the stop tests (`pkg.module:function` rewards, imported by name).
 
 ``paced``: each image's mean pixel value after a pause of ``PACE_S`` seconds (environment; 0 by default), so
-that a test can land a signal inside an iteration.
+that a test can land a signal inside an iteration; with ``PACE_MARK`` set, it first creates that file, so a
+test knows a call is under way.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import torch
 
 def paced(images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> torch.Tensor:
     """Mean pixel value per image, after ``PACE_S`` seconds."""
+    if os.environ.get("PACE_MARK"):
+        open(os.environ["PACE_MARK"], "a").close()
     time.sleep(float(os.environ.get("PACE_S", "0")))
     return images.mean(dim=(1, 2, 3))
 

@@ -12,6 +12,7 @@ from spotlight.schema import ConfigError
     (["seed=1", "rollout.group_size=0"], "-s rollout.group_size=0: rollout.group_size:"),
     (["rollout={group_size: 0}"], "-s rollout={group_size: 0}: rollout.group_size:"),
     (["rollout.group_sise=3"], "-s rollout.group_sise=3: rollout.group_sise: unknown field"),
+    (["mode=disaggregated"], "-s: (top level): Value error, mode disaggregated"),  # a rule across fields
 ])
 def test_an_override_error_names_the_override(overrides: list[str], named: str) -> None:
     with pytest.raises(ConfigError) as error:

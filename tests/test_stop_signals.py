@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +49,9 @@ def settings(mode: str, run_dir: Path) -> dict[str, Any]:
     return common
 
 
-def start(args: list[str], pace_s: float) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)]), "PACE_S": str(pace_s)}
+def start(args: list[str], pace_s: float, mark: Path | None = None) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)]), "PACE_S": str(pace_s),
+           "PACE_MARK": str(mark or "")}
     return subprocess.Popen([sys.executable, "-m", "spotlight", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
 
@@ -108,3 +110,69 @@ def test_sigterm_mid_iteration_saves_it_stops_ray_and_the_printed_resume_ends_eq
     final_clean = load_model(latest_checkpoint(clean_dir)).state_dict()
     final_again = load_model(latest_checkpoint(run_dir)).state_dict()
     assert all(torch.equal(final_again[name], tensor) for name, tensor in final_clean.items())
+
+
+def wait_for(driver: subprocess.Popen, done: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 300
+    while not done():
+        assert driver.poll() is None, driver.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, "the run did not get there within 300 s"
+        time.sleep(0.02)
+
+
+@pytest.mark.slow
+def test_an_iteration_past_the_grace_is_abandoned_and_a_second_signal_exits_at_once(tmp_path: Path) -> None:
+    # SIGINT (Ctrl-C) while a reward call takes 30 s and the grace is 3 s: the iteration is cut, the line names
+    # the last checkpoint (iteration 1), exit 130, within the grace
+    run_dir = tmp_path / "run"
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(yaml.safe_dump({**settings("vanilla", run_dir), "checkpoint_every": 1,
+                                           "runtime": {"stop_grace_s": 3.0}}))
+    driver = start(["train", "-c", str(config_file), "-s", "iterations=1"], pace_s=0.0)
+    assert driver.wait(timeout=300) == 0, driver.stderr.read()[-3000:]  # iteration 1 checkpointed
+    mark = tmp_path / "reward-called"
+    slow = start(["train", "-c", str(config_file), "--resume"], pace_s=30.0, mark=mark)
+    wait_for(slow, mark.exists)  # iteration 2's reward call sleeps 30 s
+    signalled = time.monotonic()
+    slow.send_signal(signal.SIGINT)
+    _, stderr = slow.communicate(timeout=60)
+    assert slow.returncode == 128 + signal.SIGINT and time.monotonic() - signalled < 3.0 + 10.0, stderr[-3000:]
+    lines = [line for line in stderr.splitlines() if line.startswith("stopped by SIGINT")]
+    assert len(lines) == 1 and "abandoned" in lines[0] and "iter-000001 (iteration 1;" in lines[0], stderr[-3000:]
+    assert float(lines[0].split("all stopped ")[1].split(" s")[0]) < 3.0  # closed within the grace (then the exit)
+
+    mark.unlink()
+    again = start(["train", "-c", str(config_file), "-s", "runtime.stop_grace_s=20", "--resume"], pace_s=30.0,
+                  mark=mark)
+    wait_for(again, mark.exists)
+    again.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    signalled = time.monotonic()
+    again.send_signal(signal.SIGTERM)
+    _, stderr = again.communicate(timeout=30)
+    assert again.returncode == 128 + signal.SIGTERM and time.monotonic() - signalled < 5.0, stderr[-3000:]
+    assert "second SIGTERM: exited at once; the last checkpoint is" in stderr, stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_sigterm_in_mode_disaggregated_saves_the_iteration_and_stops_its_generators(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(yaml.safe_dump({
+        **settings("vanilla", run_dir), "mode": "disaggregated", "eval": {"every": 100, "seeds_per_prompt": 1,
+                                                                         "num_steps": 2, "prompts": 4},
+        "rollout": {"prompts_per_iteration": 3, "group_size": 4, "num_steps": 4},
+        "train": {"num_minibatches": 1, "num_epochs": 1, "old_policy_decay": 0.0, "nft_kl_beta": 0.0},
+        "runtime": {"max_wall_s": None}}))
+    driver = start(["train", "-c", str(config_file)], pace_s=0.5)
+    wait_for(driver, lambda: any(record["iteration"] == 1 for record in records(run_dir)))
+    started = descendants(driver.pid)  # the Ray head, the generator actors
+    driver.send_signal(signal.SIGTERM)
+    _, stderr = driver.communicate(timeout=60)
+    assert driver.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    lines = [line for line in stderr.splitlines() if line.startswith("stopped by SIGTERM")]
+    assert len(lines) == 1 and "mode disaggregated cannot --resume yet" in lines[0], stderr[-3000:]
+    saved = int(lines[0].split("(iteration ")[1].split(" ")[0])
+    assert (run_dir / "checkpoints" / f"iter-{saved:06d}").is_dir() and saved in (1, 2)
+    time.sleep(2)
+    assert not [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]

@@ -38,8 +38,8 @@ LOCK_FILE = ".lock"
 # Fields a resumed run may change: how long it goes on, how it is measured and checkpointed, and where
 # it runs (thread placement, the number of trainer ranks: results may differ in the last bits with
 # another thread or rank count). A key ending in ".*" covers its whole section.
-SAFE_TO_CHANGE = ("iterations", "runtime.max_wall_s", "eval.*", "checkpoint_every", "num_threads", "pin_devices",
-                  "device_cores", "control_cores", "trainer.*")
+SAFE_TO_CHANGE = ("iterations", "runtime.max_wall_s", "runtime.stop_grace_s", "eval.*", "checkpoint_every",
+                  "num_threads", "pin_devices", "device_cores", "control_cores", "trainer.*")
 
 
 class RunDirError(RuntimeError):

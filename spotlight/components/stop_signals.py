@@ -9,7 +9,9 @@ so the first signal does not kill the process but sets a `StopRequest`:
   with `RunStopped`, whose one line names the checkpoint, its iteration and the ``--resume`` command;
 - an iteration that would not end in time is abandoned: ``runtime.stop_grace_s`` minus a reserve for
   closing after the signal, a timer raises `StopNow` inside the iteration (only there: validation and
-  the checkpoint write are never cut), and the line names the last complete checkpoint instead;
+  the checkpoint write are never cut), and the line names the last complete checkpoint instead; so
+  does a stop whose checkpoint would take longer than the grace left (the last write's time), as the
+  scheduler's SIGKILL would cut it (a 20 B full fine-tune's ~245 GB: `benchmarks/stop_grace.py`);
 - a second signal exits at once (exit code 128 + the signal), with a line naming the last checkpoint.
 
 Handlers can only be installed from the main thread; elsewhere (a test calling `train` from a
@@ -29,7 +31,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 __all__ = ["RunStopped", "Saved", "StopNow", "StopRequest", "last_checkpoint", "resume_command", "stop_on_signals",
            "stoppable"]
@@ -84,7 +86,8 @@ class StopRequest:
         self.signal_name: str | None = None
         self.exit_code = 0
         self.received_at: float | None = None
-        self.reserve_s = MIN_RESERVE_S
+        self.reserve_s = min(MIN_RESERVE_S, grace_s / 2)
+        self.checkpoint_s = 0.0  # the last checkpoint's write time
         self._abandonable = False
         self._handler: object | None = None  # the installed signal handler, for `reinstall`
 
@@ -98,6 +101,7 @@ class StopRequest:
 
     def observe_checkpoint(self, seconds: float) -> None:
         """Keep enough of the grace for a checkpoint as slow as the last one (twice it, capped at half the grace)."""
+        self.checkpoint_s = seconds
         self.reserve_s = min(max(MIN_RESERVE_S, 2.0 * seconds), self.grace_s / 2)
 
     @contextmanager
@@ -137,23 +141,27 @@ class StopRequest:
         path = Path(run_dir) / "checkpoints" / f"iter-{done:06d}"
         started = time.perf_counter()
         if not path.is_dir():
+            left = self.grace_s - self.elapsed_s()
+            if self.checkpoint_s > left:  # the scheduler's SIGKILL would cut it: the last one stays whole
+                raise StopNow(f"a checkpoint takes {self.checkpoint_s:.1f} s here, more than the {left:.1f} s of "
+                              f"runtime.stop_grace_s={self.grace_s:g} s left, so none was written")
             checkpoint(done)
         seconds = time.perf_counter() - started
         logger.info(f"{self.signal_name}: checkpoint {path} written in {seconds:.2f} s, {self.elapsed_s():.2f} s "
                     "after the signal")
         raise Saved(done, path, seconds)
 
-    def abandoned(self, run_dir: Path) -> RunStopped:
-        """The end of a run whose iteration (or start-up) was cut at the grace: the last checkpoint on disk stays."""
+    def abandoned(self, run_dir: Path, go_on: str, why: str = "") -> RunStopped:
+        """The end of a run whose iteration (or start-up) was cut at the grace, or whose checkpoint would not fit in
+        what was left of it (``why``): the last checkpoint on disk stays."""
         last = last_checkpoint(run_dir)
         if last is None:
             kept = "no checkpoint was written yet; start it again without --resume in a new run_dir"
         else:
-            kept = (f"the last checkpoint is {last} (iteration {int(last.name[5:])}; the iterations after it are "
-                    f"redone); continue with: {resume_command()}")
-        line = (f"stopped by {self.signal_name}: the iteration in progress was abandoned, as it would not end within "
-                f"runtime.stop_grace_s={self.grace_s:g} s (all stopped {self.elapsed_s():.1f} s after the signal); "
-                f"{kept}")
+            kept = f"the last checkpoint is {last} (iteration {int(last.name[5:])}; later ones are redone); {go_on}"
+        why = why or (f"the iteration in progress was abandoned, as it would not end within runtime.stop_grace_s="
+                       f"{self.grace_s:g} s")
+        line = f"stopped by {self.signal_name}: {why} (all stopped {self.elapsed_s():.1f} s after the signal); {kept}"
         logger.info(line)
         return RunStopped(line, self.exit_code)
 
@@ -221,13 +229,15 @@ def stop_on_signals(grace_s: float, run_dir: Path | None = None) -> Iterator[Sto
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
-def stoppable(grace_s: float, run_dir: Path, start: Callable[[], T], run: Callable[[T], R], total: int) -> R:
+def stoppable(config: Any, start: Callable[[], T], run: Callable[[T], R]) -> R:
     """``run(start())`` with SIGTERM and SIGINT as a stop (module docstring); `RunStopped` ends a stopped run.
 
-    ``start`` builds the trainer (a Ray head started there installs its own SIGTERM handler, so the
-    handlers are installed again after it); ``run`` runs it, calling `StopRequest.check` before each
-    iteration and holding `StopRequest.abandonable` around it; ``total`` is the run's iteration count.
+    ``config``: the run's `TrainConfig` (its grace, run directory, iteration count and whether its mode
+    can resume). ``start`` builds the trainer (a Ray head started there installs its own SIGTERM
+    handler, so the handlers are installed again after it); ``run`` runs it, calling
+    `StopRequest.check` before each iteration and holding `StopRequest.abandonable` around it.
     """
+    grace_s, run_dir = config.runtime.stop_grace_s, Path(config.run_dir)
     with stop_on_signals(grace_s, run_dir) as request:
         try:
             trainer = start()
@@ -236,9 +246,17 @@ def stoppable(grace_s: float, run_dir: Path, start: Callable[[], T], run: Callab
             return run(trainer)
         except Saved as saved:  # the loop closed its backend on the way out
             line = (f"stopped by {request.signal_name}: saved {saved.checkpoint} (iteration {saved.iteration} of "
-                    f"{total}; written in {saved.checkpoint_s:.2f} s, all stopped {request.elapsed_s():.1f} s after "
-                    f"the signal, grace {grace_s:g} s); continue with: {resume_command()}")
+                    f"{config.iterations}; written in {saved.checkpoint_s:.2f} s, all stopped "
+                    f"{request.elapsed_s():.1f} s after the signal, grace {grace_s:g} s); {_how_to_go_on(config)}")
             logger.info(line)
             raise RunStopped(line, request.exit_code) from None
-        except StopNow:  # the grace ran out inside an iteration (or the start): the last checkpoint stays
-            raise request.abandoned(run_dir) from None
+        except StopNow as cut:  # the grace ran out inside an iteration (or the start): the last checkpoint stays
+            raise request.abandoned(run_dir, _how_to_go_on(config), str(cut)) from None
+
+
+def _how_to_go_on(config: Any) -> str:
+    """The ``--resume`` command, or why there is none (a streaming mode on Ray: `backends.check_backend`)."""
+    if config.uses_ray and config.mode.streams_groups:
+        return (f"mode {config.mode} cannot --resume yet: the checkpoint holds the weights (a model to load or "
+                "export); start a new run_dir to go on")
+    return f"continue with: {resume_command()}"

@@ -486,7 +486,7 @@ def train(config: TrainConfig, resume: bool = False, reward: Reward | None = Non
     """Run ``spotlight train`` for a config: a thin wrapper for the CLI and tests.
 
     Modes spot-rollout and spotlight (and the others with ``runtime.use_ray``) sample on the Ray
-    device pools (`spotlight.backends.ray`); the rest in this process. SIGTERM / SIGINT: a checkpoint, then RunStopped.
+    device pools (`spotlight.backends.ray`); the rest in this process. SIGTERM / SIGINT: a checkpoint, RunStopped.
     A CUDA run of a pipeline folder with ``train.micro_batch_size`` null takes the largest micro-batch its
     memory estimate fits; a CUDA out-of-memory error anywhere in the run ends it in one line (a `RunError`)
     that names the estimate and the knobs that lower it.
@@ -494,7 +494,7 @@ def train(config: TrainConfig, resume: bool = False, reward: Reward | None = Non
     config = with_estimated_micro_batch(config)
     try:
         with pinned(config.device_core(0), config.num_threads):  # this process is the trainer's device
-            return stoppable(config.runtime.stop_grace_s, Path(config.run_dir), lambda: Trainer(config, reward, resume),
-                             lambda trainer: trainer.run(on_iteration, config.runtime.max_wall_s), config.iterations)
+            return stoppable(config, lambda: Trainer(config, reward, resume),
+                             lambda trainer: trainer.run(on_iteration, config.runtime.max_wall_s))
     except torch.cuda.OutOfMemoryError as error:
         raise RunError(out_of_memory_message(config, error)) from error
