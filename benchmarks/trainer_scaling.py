@@ -21,7 +21,10 @@ meta device from their published configs (no weights), and their LoRA at the def
 all-reduce per micro-batch backward: 1 without ``train.micro_batch_size``) and each rank's ring traffic,
 2 (K-1)/K of it.
 
-The K = 1 and K = 2 trainers take turns, one iteration each, and the ratio is taken pair by pair.
+The K = 1 and K = 2 trainers take turns, one iteration each, and the ratio is taken pair by pair. Beside the
+wall times, each phase's CPU seconds on its busiest rank's process (/proc: every thread, Ray's and gloo's
+included): on a machine other jobs load, wall time stretches with their share of the cores and CPU time
+does not, so its ratio is what K = 2 would give on idle cores, less the waits the load added.
 
     python benchmarks/trainer_scaling.py        (~10 min on two idle cores; --repeats 3)
 """
@@ -45,6 +48,7 @@ from provenance import RESULTS, git_commit, machine
 
 from spotlight.components.checkpoint import load_model
 from spotlight.config import TrainConfig, TrainSection, parse_config
+from spotlight.cores import pinned
 from spotlight.loop.trainer import Trainer
 from spotlight.models.pipelines.family_config import DEFAULT_LORA_TARGETS
 from spotlight.models.pipelines.memory_estimate import lora_parameter_count
@@ -52,7 +56,6 @@ from spotlight.ranks.data_parallel import RankShare, data_parallel
 from spotlight.rl.grpo import RolloutBatch
 from spotlight.rl.nft import nft_update
 from spotlight.rl.rollout_update import build_optimizer
-from spotlight.cores import pinned
 
 PROMPTS, GROUP = 16, 8
 LORA_RANK = 32  # Flow-GRPO's SD3.5 rank (the tiny configs use 4)
@@ -162,6 +165,32 @@ def close_trainer(trainer: Trainer) -> None:
     trainer._lock.release()
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far, every thread (/proc/PID/stat, clock ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def time_phases(trainer: Trainer, phases: dict[str, list[float]]) -> None:
+    """Wrap ``trainer.rollout`` and ``trainer.update`` so that each call appends the most CPU seconds any of its
+    ranks' processes spent in it to ``phases[name]``: the phase's critical path in compute, which a machine's
+    other load stretches in wall time but not in CPU time."""
+    pids = [os.getpid()]
+    if trainer.ranks is not None:
+        pids += [int(pid) for rank, pid in json.loads((trainer.run_dir / "trainer-ranks.json").read_text()).items()
+                 if rank != "0"]
+    for name in ("rollout", "update"):
+        phase = getattr(trainer, name)
+
+        def timed(*args, phase=phase, name=name):
+            before = [cpu_seconds(pid) for pid in pids]
+            result = phase(*args)
+            phases[name].append(max(cpu_seconds(pid) - b for pid, b in zip(pids, before, strict=True)))
+            return result
+
+        setattr(trainer, name, timed)
+
+
 def loop_timing(case: str, repeats: int, root: Path) -> list[dict]:
     """``time/rollout_s`` and ``time/train_s`` of ``repeats`` loop iterations after a warm-up, K = 1 and K = 2.
 
@@ -171,6 +200,9 @@ def loop_timing(case: str, repeats: int, root: Path) -> list[dict]:
     """
     with pinned(0, 1):
         trainers = {devices: open_trainer(case, devices, root) for devices in (1, 2)}
+        cpu = {devices: {"rollout": [], "update": []} for devices in (1, 2)}
+        for devices, trainer in trainers.items():
+            time_phases(trainer, cpu[devices])
         try:
             records: dict[int, list[dict]] = {1: [], 2: []}
             for iteration in range(repeats + 1):
@@ -187,6 +219,8 @@ def loop_timing(case: str, repeats: int, root: Path) -> list[dict]:
             seconds = [record[f"time/{phase}_s"] for record in records[devices][1:]]
             row[phase] = {"median_s": statistics.median(seconds), "min_s": min(seconds), "max_s": max(seconds),
                           "repeats_s": seconds}
+            busiest = cpu[devices]["rollout" if phase == "rollout" else "update"][1:]
+            row[phase]["cpu_critical_path_s"] = {"median_s": statistics.median(busiest), "repeats_s": busiest}
         rows.append(row)
     return rows
 
@@ -213,7 +247,11 @@ def ratio(rows: list[dict], case: str, phase: str) -> dict:
     """K = 2 over K = 1 of a phase, pair by pair (the iterations that ran in turn): median, min and max."""
     one, two = (next(r for r in rows if r["case"] == case and r["devices"] == k)[phase]["repeats_s"] for k in (1, 2))
     pairs = [b / a for a, b in zip(one, two, strict=True)]
-    return {"median": statistics.median(pairs), "best": min(pairs), "worst": max(pairs), "pairs": pairs}
+    one_cpu, two_cpu = (next(r for r in rows if r["case"] == case and r["devices"] == k)[phase]["cpu_critical_path_s"]
+                        ["repeats_s"] for k in (1, 2))
+    cpu_pairs = [b / a for a, b in zip(one_cpu, two_cpu, strict=True)]
+    return {"median": statistics.median(pairs), "best": min(pairs), "worst": max(pairs), "pairs": pairs,
+            "cpu_critical_path_median": statistics.median(cpu_pairs), "cpu_critical_path_pairs": cpu_pairs}
 
 
 def main() -> None:
@@ -246,7 +284,9 @@ def main() -> None:
         print(f"{case}: K=2/K=1 (median of pairs, min-max) rollout {phases['rollout']['median']:.2f}x "
               f"({phases['rollout']['best']:.2f}-"
               f"{phases['rollout']['worst']:.2f}), update {phases['train']['median']:.2f}x "
-              f"({phases['train']['best']:.2f}-{phases['train']['worst']:.2f})")
+              f"({phases['train']['best']:.2f}-{phases['train']['worst']:.2f}); in CPU seconds of the busiest rank: "
+              f"rollout {phases['rollout']['cpu_critical_path_median']:.2f}x, "
+              f"update {phases['train']['cpu_critical_path_median']:.2f}x")
     print(f"\nupdate alone (toy, {PROMPTS}x{GROUP} samples, one process per rank)")
     print(f"{'K':>3} {'update s':>9} {'samples/s':>10} {'all-reduce s':>13}")
     for row in scaling:
