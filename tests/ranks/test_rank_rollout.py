@@ -160,3 +160,26 @@ def test_what_k_ranks_cannot_run_is_refused_in_one_line_naming_the_knob(settings
         parse_config(TrainConfig, {"trainer": {"devices": 2}, "pin_devices": False, **settings})
     line = str(caught.value)
     assert "\n" not in line and start in line and knob in line
+
+
+@pytest.mark.slow
+@two_cores
+def test_a_rank_that_dies_before_its_share_is_sampled_stops_the_rollout_in_one_line(ray_cluster, tiny_base_model,
+                                                                                    tmp_path) -> None:
+    import json
+    import signal
+
+    from spotlight.run_error import RunError
+
+    run = trainer({"mode": "vanilla", "base_checkpoint": str(tiny_base_model), "iterations": 1,
+                   "rollout": {"prompts_per_iteration": 2, "group_size": 2, "num_steps": 2}}, tmp_path / "run", 2)
+    try:
+        os.kill(json.loads((tmp_path / "run" / "trainer-ranks.json").read_text())["1"], signal.SIGKILL)
+        prompts = iteration_prompts(run.train_prompts, 0, 0, 2)
+        with pytest.raises(RunError) as caught:
+            run.rollout(0, prompts, run.backend.choose_seeds(0, prompts, 0.0).seeds)
+    finally:
+        close(run)
+    line = str(caught.value)
+    assert "\n" not in line and line.startswith("trainer rank 1 of 2 died while sampling iteration 1's rollout")
+    assert "--resume" in line and "trainer.devices" in line
