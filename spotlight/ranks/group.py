@@ -72,10 +72,10 @@ class TrainerRank:
     """
 
     def __init__(self, config: Any, rank: int, core: int | None, reward: Reward | None = None) -> None:
+        from spotlight.cores import pin_process
         from spotlight.loop.base_policy import build_policy
         from spotlight.models.shadow import frozen_base, frozen_copy
         from spotlight.rl.rollout_update import build_optimizer, uses_reference
-        from spotlight.cores import pin_process
 
         pin_process(core, config.num_threads)  # one rank = one device = one core
         torch.manual_seed(config.seed)
@@ -156,7 +156,7 @@ class TrainerRanks:
             if problem is not None:
                 raise RunError(problem)
             rank_actor = ray.remote(**rank_options(config.device))(TrainerRank)
-            shipped = None if reward is None else ray.put(by_value(reward))
+            shipped = None if reward is None else shipped_reward(reward, self.world_size)
             self.actors = [rank_actor.remote(config, rank, config.rank_core(rank), shipped)
                            for rank in range(1, self.world_size)]
             # a rank's process imports torch and builds the policy: as slow as a node on a loaded machine
@@ -269,6 +269,16 @@ def by_value(reward: Reward) -> Reward:
         if module is not None and module.__name__.split(".")[0] not in ("spotlight", "builtins", "torch"):
             cloudpickle.register_pickle_by_value(module)
     return reward
+
+
+def shipped_reward(reward: Reward, world_size: int) -> Any:
+    """The trainer's reward in the object store for ranks 1..K-1; one line when it cannot be pickled (a lock)."""
+    try:
+        return ray.put(by_value(reward))
+    except Exception as error:  # noqa: BLE001 (pickling raises TypeError, PicklingError, AttributeError, ...)
+        raise RunError(f"trainer ranks 1..{world_size - 1} cannot receive the reward object handed to the trainer "
+                       f"({one_line(error)}): name the reward in reward.name instead (each rank builds its own), or "
+                       "set trainer.devices 1") from None
 
 
 def init_failure(error: BaseException) -> str:

@@ -183,3 +183,22 @@ def test_a_rank_that_dies_before_its_share_is_sampled_stops_the_rollout_in_one_l
     line = str(caught.value)
     assert "\n" not in line and line.startswith("trainer rank 1 of 2 died while sampling iteration 1's rollout")
     assert "--resume" in line and "trainer.devices" in line
+
+
+@pytest.mark.slow
+def test_a_reward_object_the_ranks_cannot_receive_is_one_line_naming_the_fix(ray_cluster) -> None:
+    import threading
+
+    from spotlight.ranks.group import shipped_reward
+    from spotlight.run_error import RunError
+
+    class Locked(Brightness):  # a reward holding a lock (a pool, a connection) cannot be pickled
+        def __init__(self) -> None:
+            self.lock = threading.Lock()
+
+    with pytest.raises(RunError) as caught:
+        shipped_reward(Locked(), 2)
+    line = str(caught.value)
+    assert "\n" not in line and line.startswith("trainer ranks 1..1 cannot receive the reward object")
+    assert "reward.name" in line and "trainer.devices 1" in line
+    assert shipped_reward(Brightness(), 2) is not None  # a plain reward goes, its module pickled by value
