@@ -211,20 +211,22 @@ def stop_on_signals(grace_s: float, run_dir: Path | None = None) -> Iterator[Sto
     def on_signal(signum: int, frame: FrameType | None) -> None:
         if request.requested:
             _exit_now(signum, run_dir)
+        # the grace timer's alarm is taken only now, so a run without a stop leaves SIGALRM to others
+        previous.setdefault(signal.SIGALRM, signal.signal(signal.SIGALRM, on_alarm))
         request.receive(signum)
 
     def on_alarm(signum: int, frame: FrameType | None) -> None:
         request.deadline_passed()
 
-    previous = {signum: signal.getsignal(signum) for signum in (*STOP_SIGNALS, signal.SIGALRM)}
+    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     for signum in STOP_SIGNALS:
         signal.signal(signum, on_signal)
-    signal.signal(signal.SIGALRM, on_alarm)
     request._handler = on_signal
     try:
         yield request
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        if signal.SIGALRM in previous:
+            signal.setitimer(signal.ITIMER_REAL, 0)
         for signum, handler in previous.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
