@@ -14,7 +14,7 @@ spelling, other weights). At the start a run records in ``RUN_DIR/model_fingerpr
 A resume whose model folder has another fingerprint is refused in one line naming the first file
 that differs. Reading the headers also finds damaged downloads before any library loads them: a
 safetensors file shorter than its header says (truncated), a header that is not JSON (corrupt), or a
-shard named by an ``*.index.json`` that is missing, each a `ModelFilesError` naming the file.
+shard named by an ``*.index.json`` that is missing, or a model folder with no weights file at all, each a `ModelFilesError` naming it.
 """
 
 from __future__ import annotations
@@ -85,8 +85,18 @@ def _file_print(path: Path) -> dict[str, Any]:
     return entry
 
 
-def _check_shards(folder: Path) -> None:
-    """Every shard an ``*.safetensors.index.json`` names must be there."""
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
+
+
+def _check_complete(folder: Path) -> None:
+    """Every model of a pipeline folder (a component with a ``config.json``) has weights, and every shard an
+    ``*.safetensors.index.json`` names is there."""
+    if (folder / "model_index.json").is_file():
+        for component in sorted(path.parent for path in folder.glob("*/config.json")):
+            if not any(next(component.glob(pattern), None) for pattern in WEIGHT_PATTERNS):
+                raise ModelFilesError(f"{component} has a config.json but no weights file (diffusion_pytorch_model."
+                                      "safetensors or model.safetensors): the download is incomplete; download the "
+                                      "model again and retry")
     for index in folder.rglob("*.safetensors.index.json"):
         try:
             shards = set(json.loads(index.read_text())["weight_map"].values())
@@ -104,7 +114,7 @@ def model_fingerprint(folder: Path) -> dict[str, dict[str, Any]]:
     Raises ModelFilesError naming a truncated or corrupt safetensors file or a missing shard.
     """
     folder = Path(folder)
-    _check_shards(folder)
+    _check_complete(folder)
     files = sorted(path for path in folder.rglob("*") if path.is_file()
                    and not any(part.startswith(".") for part in path.relative_to(folder).parts))
     return {path.relative_to(folder).as_posix(): _file_print(path) for path in files}

@@ -58,7 +58,7 @@ def test_resume_accepts_the_model_moved_and_refuses_replaced_weights_in_one_line
     assert "\n" not in line and f"{TRANSFORMER} differs" in line and "does not hold the weights" in line
 
 
-def test_a_truncated_safetensors_file_and_a_missing_shard_are_named_with_the_fix(tiny_pipeline, tmp_path) -> None:
+def test_a_truncated_safetensors_file_a_missing_shard_and_missing_weights_are_named_with_the_fix(tiny_pipeline, tmp_path) -> None:
     folder = shutil.copytree(tiny_pipeline("sd3"), tmp_path / "model")
     weights = folder / TRANSFORMER
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size - 100])  # a download cut short
@@ -71,6 +71,9 @@ def test_a_truncated_safetensors_file_and_a_missing_shard_are_named_with_the_fix
     (folder / "transformer" / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps(
         {"weight_map": {"a": "diffusion_pytorch_model-00001-of-00002.safetensors"}}))
     with pytest.raises(ModelFilesError, match="00001-of-00002.safetensors is missing"):
+        model_fingerprint(folder)
+    (folder / "transformer" / "diffusion_pytorch_model.safetensors.index.json").unlink()
+    with pytest.raises(ModelFilesError, match=f"{folder / 'transformer'} has a config.json but no weights file"):
         model_fingerprint(folder)
 
 
