@@ -152,7 +152,7 @@ class TrainerRanks:
             cores = [core for core in (config.device_core(0),) if core is not None]
             self.cluster = LocalCluster(node_timeout_s=config.runtime.node_timeout_s, control_cores=cores or None)
         try:
-            problem = placement_error(config.device, self.world_size, ray.available_resources())
+            problem = placement_error(config.device, self.world_size, ray.nodes())
             if problem is not None:
                 raise RunError(problem)
             rank_actor = ray.remote(**rank_options(config.device))(TrainerRank)

@@ -30,8 +30,8 @@ def ranks_problem(config: Any) -> str | None:
     groups arrive; K ranks would need every group on every rank in one order. FSDP2: LoRA stays on DDP
     (only the adapters' gradients are all-reduced), and a full fine-tune is not sharded in the loop yet.
     """
-    from spotlight.modes import Mode
     from spotlight.cores import unpinned_cores
+    from spotlight.modes import Mode
 
     devices = config.trainer.devices
     if devices == 1:

@@ -49,10 +49,16 @@ def test_reward_outputs_concatenate_in_rank_order_with_their_terms() -> None:
 def test_nccl_on_gpus_gloo_on_the_cpu_and_a_rank_without_a_gpu_is_one_line() -> None:
     assert process_group_backend("cpu") == "gloo"
     assert process_group_backend("cuda") == process_group_backend("cuda:1") == "nccl"
-    assert placement_error("cpu", 8, {}) is None and placement_error("cuda", 4, {"GPU": 3.0}) is None
-    line = placement_error("cuda", 4, {"GPU": 1.0})
+
+    def node(gpus: int, on_demand: bool, alive: bool = True) -> dict:
+        kind = {"on_demand": 1.0} if on_demand else {"spot": 1.0}
+        return {"Alive": alive, "Resources": {"GPU": float(gpus), **kind}}
+
+    assert placement_error("cpu", 8, []) is None and placement_error("cuda", 4, [node(4, True)]) is None
+    # spot nodes' GPUs and a dead node's do not count, nor the driver's own
+    line = placement_error("cuda", 4, [node(2, True), node(8, False), node(8, True, alive=False)])
     assert line is not None and "\n" not in line
-    assert line.startswith("trainer rank 2 of 4 has no GPU") and "trainer.devices" in line
+    assert line.startswith("trainer rank 2 of 4 has no GPU") and "trainer.devices" in line and "on_demand" in line
 
 
 # -- end to end: a Ray rank actor per trainer ------------------------------------------------------------------------
