@@ -122,7 +122,8 @@ def main() -> None:
         args.out.write_text(json.dumps({
             "commit": git_commit(), "cpu": cpu_model(), "disk_bytes_per_s": rate,
             "bytes_per_trainable_parameter": per_parameter, "measured": rows,
-            "estimated": {name: {"trainable": p, "bytes": s, "seconds": s / rate} for name, (p, s) in estimates.items()},
+            "estimated": {name: {"trainable": p, "bytes": s, "seconds": s / rate}
+                          for name, (p, s) in estimates.items()},
         }, indent=1))
 
 

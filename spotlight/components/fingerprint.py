@@ -13,8 +13,9 @@ spelling, other weights). At the start a run records in ``RUN_DIR/model_fingerpr
 
 A resume whose model folder has another fingerprint is refused in one line naming the first file
 that differs. Reading the headers also finds damaged downloads before any library loads them: a
-safetensors file shorter than its header says (truncated), a header that is not JSON (corrupt), or a
-shard named by an ``*.index.json`` that is missing, or a model folder with no weights file at all, each a `ModelFilesError` naming it.
+safetensors file shorter than its header says (truncated), a header that is not JSON (corrupt), a shard
+named by an ``*.index.json`` that is missing, or a model folder with no weights file at all: each a
+`ModelFilesError` naming it and saying to download it again.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ class ModelFilesError(RuntimeError):
 
 
 def _damaged(path: Path, what: str) -> ModelFilesError:
-    return ModelFilesError(f"{path} is {what}: the download is incomplete or damaged; download it again "
-                           "(or copy it again from a good copy) and retry")
+    return ModelFilesError(f"{path} is unreadable, {what}: the download is incomplete or damaged; download it "
+                           "again (or copy it again from a good copy) and retry")
 
 
 def _safetensors_header(path: Path, size: int) -> tuple[bytes, int]:

@@ -58,11 +58,12 @@ def test_resume_accepts_the_model_moved_and_refuses_replaced_weights_in_one_line
     assert "\n" not in line and f"{TRANSFORMER} differs" in line and "does not hold the weights" in line
 
 
-def test_a_truncated_safetensors_file_a_missing_shard_and_missing_weights_are_named_with_the_fix(tiny_pipeline, tmp_path) -> None:
+def test_a_truncated_file_a_missing_shard_and_missing_weights_are_named_with_the_fix(tiny_pipeline,
+                                                                                     tmp_path) -> None:
     folder = shutil.copytree(tiny_pipeline("sd3"), tmp_path / "model")
     weights = folder / TRANSFORMER
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size - 100])  # a download cut short
-    with pytest.raises(ModelFilesError, match=f"{weights} is truncated .*download it again"):
+    with pytest.raises(ModelFilesError, match=f"{weights} is unreadable, truncated .*download it again"):
         model_fingerprint(folder)
     weights.write_bytes(b"\x00" * 3)
     with pytest.raises(ModelFilesError, match="shorter than a safetensors header"):
@@ -90,9 +91,10 @@ def test_spotlight_train_on_a_truncated_download_is_one_line_naming_the_file(tin
                              "-s", "mode=vanilla", cwd=tmp_path)
     assert result.returncode == 2, result.stderr[-2000:]
     errors = [line for line in result.stderr.splitlines() if line.strip()]
-    assert errors == [f"error: {weights} is truncated ({weights.stat().st_size} bytes; its header describes "
-                      f"{weights.stat().st_size + 1}): the download is incomplete or damaged; download it again "
-                      "(or copy it again from a good copy) and retry"]
+    size = weights.stat().st_size
+    assert errors == [f"error: {weights} is unreadable, truncated ({size} bytes; its header describes {size + 1}): "
+                      "the download is incomplete or damaged; download it again (or copy it again from a good copy) "
+                      "and retry"]
 
 
 @pytest.mark.slow

@@ -15,14 +15,15 @@ import yaml
 
 TESTS = Path(__file__).parents[1]
 
-# A driver that starts a Reaper for a made-up session, then two "raylets" naming it, each with a child that
-# renames nothing but names no session either (as Ray's workers), and a bystander naming no session.
+# A driver that starts a Reaper for a made-up session, then two "raylets" naming it on their command line,
+# each with a child that does not (as Ray's workers, which rename themselves), and a bystander naming none.
 DRIVER = """
 import subprocess, sys, time
 from spotlight.runtime.spot.reaper import Reaper
 session = sys.argv[1]
 reaper = Reaper(session)
-raylet = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); time.sleep(300)"
+sleeper = [sys.executable, '-c', 'import time; time.sleep(300)']
+raylet = f"import subprocess, time; subprocess.Popen({sleeper!r}); time.sleep(300)"
 for _ in range(2):
     subprocess.Popen([sys.executable, '-c', raylet, '--session_name=' + session])
 subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', 'bystander'])
