@@ -45,7 +45,8 @@ def table(name: str, settings: dict, gpu: str) -> dict:
     full = dataclasses.replace(work, trainable_parameters=work.parameters)
     rows = []
     for gpus in GPUS:
-        row = scaling_row(work, device, link, gpus, per_gpu, batch, config.rollout.num_steps)
+        latents = 1 if config.train.algorithm == "nft" else config.rollout.num_steps + 1  # what_the_update_reads
+        row = scaling_row(work, device, link, gpus, per_gpu, batch, latents)
         rows.append({**row.as_dict(), "full_all_reduce_s": row.all_reduces * all_reduce_s(full.gradient_bytes, gpus,
                                                                                            link)})
     return {"model": name, "gpu": gpu, "images_per_gpu": per_gpu, "recipe": settings,

@@ -42,7 +42,14 @@ from spotlight.components.manifest import write_text_durably
 from spotlight.diffusion.sampler import Trajectory
 from spotlight.ranks.data_parallel import RankShare, data_parallel
 from spotlight.ranks.placement import placement_error, process_group_backend, rank_options
-from spotlight.ranks.rollout import concat_outputs, concat_trajectories, prompt_shares, rank_reward, sample_share
+from spotlight.ranks.rollout import (
+    concat_outputs,
+    concat_trajectories,
+    prompt_shares,
+    rank_reward,
+    sample_share,
+    what_the_update_reads,
+)
 from spotlight.rewards.base import Reward, RewardOutput
 from spotlight.rl.grpo import RolloutBatch
 from spotlight.run_error import RunError
@@ -186,7 +193,8 @@ class TrainerRanks:
                 local: Callable[[list[str], torch.Tensor], tuple[Trajectory, RewardOutput]]
                 ) -> tuple[Trajectory, RewardOutput]:
         """Every rank samples and scores its share of the (P, G) groups (`prompt_shares`): ranks 1..K-1 remotely,
-        rank 0 by ``local(prompts, seeds)``, at the same time; the whole rollout and its rewards, in prompt order.
+        rank 0 by ``local(prompts, seeds)``, at the same time; the whole rollout (what the update reads of it,
+        `what_the_update_reads`) and its rewards, in prompt order.
 
         ``sampler_state``: θ_old,i's weights when it trails θ_i (see `TrainerRank.rollout`), else None.
         """
@@ -194,7 +202,8 @@ class TrainerRanks:
         state_ref = None if sampler_state is None else ray.put(sampler_state)
         calls = [actor.rollout.remote(prompts, share, seeds[share], state_ref)
                  for actor, share in zip(self.actors, shares[1:], strict=True)]
-        here = local(prompts[shares[0]], seeds[shares[0]])
+        samples, rewards = local(prompts[shares[0]], seeds[shares[0]])
+        here = what_the_update_reads(samples, self.config.train.algorithm), rewards
         # the other shares took as long as rank 0's: the wait is for a loaded machine, as a rank's start
         parts = [here, *(part for part in self._get(calls, f"sampling iteration {iteration + 1}'s rollout",
                                                     self.config.runtime.node_timeout_s) if part is not None)]

@@ -8,8 +8,9 @@ prompts), decodes and scores it. A sample is a pure function of (weights, prompt
 samples one process would: the seeds' noise bit for bit, the denoised latents within the float rounding
 of a forward batched over a share's rows instead of all of them (~1e-7 on the CPU).
 
-What is gathered on rank 0 is what the update needs whole: the trajectories (every rank's update draws
-the same shuffle over all rows, `spotlight.ranks.data_parallel`) and the rewards, P x G floats. The
+What is gathered on rank 0 is what the update needs whole: the part of the trajectories it reads (every
+rank's update draws the same shuffle over all rows, `spotlight.ranks.data_parallel`; NFT reads only the
+clean samples, `what_the_update_reads`) and the rewards, P x G floats. The
 group statistics and advantages are then computed once on the whole (P, G) reward table: a group's
 mean and std need only its own row, and ``train.adv_std: global`` needs every group's, so computing
 them where all rows already are is exact under both and costs nothing.
@@ -30,7 +31,8 @@ from spotlight.rewards.base import Reward, RewardOutput, guarded_score
 from spotlight.rewards.overlap import sample_and_prefetch
 from spotlight.rl.micro_batch import rank_rows
 
-__all__ = ["concat_outputs", "concat_trajectories", "prompt_shares", "rank_reward", "sample_share", "score_share"]
+__all__ = ["concat_outputs", "concat_trajectories", "prompt_shares", "rank_reward", "sample_share", "score_share",
+           "what_the_update_reads"]
 
 
 def prompt_shares(num_prompts: int, world_size: int) -> list[slice]:
@@ -47,7 +49,8 @@ def score_share(model: LoopModel, prompts: Sequence[str], seeds: torch.Tensor, t
 
 def sample_share(model: LoopModel, prompts: list[str], seeds: torch.Tensor, config: Any,
                  reward: Reward) -> tuple[Trajectory, RewardOutput]:
-    """Sample one rank's share (seeds (P_r, G)) with ``model`` and score it; what a rank k ≥ 1 sends rank 0.
+    """Sample one rank's share (seeds (P_r, G)) with ``model`` and score it; what a rank k ≥ 1 sends rank 0 (of the
+    trajectory, `what_the_update_reads`).
 
     As the in-process backend samples: with ``reward.overlap`` the chunks are handed to the reward pool
     as they finish, so scoring overlaps the sampling of the next chunk.
@@ -57,7 +60,22 @@ def sample_share(model: LoopModel, prompts: list[str], seeds: torch.Tensor, conf
     trajectory = sample_and_prefetch(expanded, seeds.shape[1], config.reward.overlap_groups,
                                      lambda rows: generate(model, expanded[rows], flat_seeds[rows], plan),
                                      lambda latents: images_of(model, latents), reward)
-    return trajectory, score_share(model, prompts, seeds, trajectory, reward)
+    return what_the_update_reads(trajectory, config.train.algorithm), score_share(model, prompts, seeds, trajectory,
+                                                                                 reward)
+
+
+def what_the_update_reads(trajectory: Trajectory, algorithm: str) -> Trajectory:
+    """The part of a share's trajectory the update reads, to gather and hand to every rank: NFT trains on the
+    clean samples alone (`spotlight.rl.nft.nft_update` reads ``latents[:, -1]``), so its batch carries those (one
+    latent a sample instead of ``num_steps + 1``); Flow-GRPO replays every step, so it carries them all.
+
+    Copied, so that pickling it to another process sends these rows and not the whole trajectory's storage.
+    """
+    if algorithm != "nft":
+        return trajectory
+    steps = trajectory.latents.shape[1] - 1
+    return Trajectory(trajectory.latents[:, -1:].clone(), trajectory.log_probs[:, :0].clone(),
+                      trajectory.start_step + steps)
 
 
 def concat_trajectories(parts: Sequence[Trajectory]) -> Trajectory:

@@ -7,9 +7,10 @@ share of each minibatch's rows, the gradients summed by an all-reduce after ever
 Per iteration and rank, with ``images`` its share of the samples:
 
     rollout    images x rollout FLOPs per image / (peak x rollout efficiency)
-    exchange   the other N - 1 ranks' trajectories (rollout.num_steps + 1 float32 latents a sample), twice:
-               gathered on rank 0, then fetched by every rank so that it holds the whole batch, as the loop
-               does now (Ray's object store: a rank fetches from any node that holds a copy)
+    exchange   the other N - 1 ranks' samples as the update reads them (`spotlight.ranks.rollout.
+               what_the_update_reads`: NFT the clean latent, Flow-GRPO all rollout.num_steps + 1, float32),
+               twice: gathered on rank 0, then fetched by every rank so that it holds the whole batch, as
+               the loop does now (Ray's object store: a rank fetches from any node that holds a copy)
     update     images x update FLOPs per sample / (peak x update efficiency)
     all-reduce optimizer steps x micro-batches x ring all-reduce of the trained weights' float32
                gradients: 2 (N - 1) / N x bytes / link bandwidth + 2 (N - 1) x hop latency, on NVLink
@@ -71,9 +72,9 @@ def all_reduce_s(num_bytes: float, gpus: int, link: Interconnect) -> float:
     return 2.0 * (gpus - 1) / gpus * num_bytes / bandwidth + 2.0 * (gpus - 1) * hop
 
 
-def trajectory_bytes(work: FolderWorkload, num_steps: int) -> float:
-    """Bytes of one sample's trajectory as the update's batch holds it (num_steps + 1 float32 latents)."""
-    return (num_steps + 1) * work.image_tokens * PATCH_PIXELS * LATENT_CHANNELS * FLOAT32_BYTES
+def trajectory_bytes(work: FolderWorkload, latents: int) -> float:
+    """Bytes of one sample as the update's batch holds it: ``latents`` float32 latents (NFT 1, Flow-GRPO K + 1)."""
+    return latents * work.image_tokens * PATCH_PIXELS * LATENT_CHANNELS * FLOAT32_BYTES
 
 
 @dataclass(frozen=True)
@@ -101,11 +102,12 @@ class ScalingRow:
 
 
 def scaling_row(work: FolderWorkload, device: DeviceProfile, link: Interconnect, gpus: int, images: int,
-                batch_images: int, num_steps: int) -> ScalingRow:
+                batch_images: int, latents: int) -> ScalingRow:
     """One iteration on ``gpus`` ranks with ``images`` samples each (module docstring for each term).
 
     ``batch_images``: the samples of the iteration ``work`` was derived for (its ``minibatch_rows`` are that
-    batch's), to scale a minibatch's rows to one rank's share; ``num_steps``: the rollout's steps.
+    batch's), to scale a minibatch's rows to one rank's share; ``latents``: a sample's latents in the update's
+    batch (NFT 1, Flow-GRPO rollout.num_steps + 1).
     """
     peak = device.peak_bf16_dense_tflops * 1e12
     rollout = images * work.rollout_flops_per_image / (peak * device.rollout_efficiency)
@@ -113,6 +115,6 @@ def scaling_row(work: FolderWorkload, device: DeviceProfile, link: Interconnect,
     rank_rows = math.ceil(work.minibatch_rows * images / batch_images)
     reduces = work.optimizer_steps * math.ceil(rank_rows / work.micro_batch) if gpus > 1 else 0
     bandwidth, _ = link.link(gpus)
-    exchange = 2.0 * (gpus - 1) * images * trajectory_bytes(work, num_steps) / bandwidth
+    exchange = 2.0 * (gpus - 1) * images * trajectory_bytes(work, latents) / bandwidth
     return ScalingRow(gpus=gpus, images=images, rollout_s=rollout, exchange_s=exchange, update_s=update,
                       all_reduce_s=reduces * all_reduce_s(work.gradient_bytes, gpus, link), all_reduces=reduces)

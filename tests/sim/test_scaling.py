@@ -36,18 +36,18 @@ def test_a_ring_all_reduce_moves_2_n_minus_1_over_n_of_the_bytes_on_nvlink_in_a_
 def test_one_iteration_on_n_ranks_is_its_share_of_compute_plus_the_exchange_and_the_all_reduces() -> None:
     device = profile("H100-SXM")
     work = workload()
-    row = scaling_row(work, device, LINK, gpus=16, images=32, batch_images=256, num_steps=10)
+    row = scaling_row(work, device, LINK, gpus=16, images=32, batch_images=256, latents=11)
     peak = device.peak_bf16_dense_tflops * 1e12
     assert row.rollout_s == pytest.approx(32 * 1e12 / (peak * device.rollout_efficiency))
     assert row.update_s == pytest.approx(32 * 3e12 / (peak * device.update_efficiency))
     # a rank's minibatch share: 64 x 32 / 256 = 8 rows, one micro-batch: one all-reduce per optimizer step
     assert row.all_reduces == 4
     assert row.all_reduce_s == pytest.approx(4 * all_reduce_s(4e6, 16, LINK))
-    assert trajectory_bytes(work, 10) == 11 * 16 * 4 * 16 * 4  # 11 latents of 16 tokens x 4 pixels x 16 channels
-    assert row.exchange_s == pytest.approx(2 * 15 * 32 * trajectory_bytes(work, 10) / 10e9)
+    assert trajectory_bytes(work, 11) == 11 * 16 * 4 * 16 * 4  # 11 latents of 16 tokens x 4 pixels x 16 channels
+    assert row.exchange_s == pytest.approx(2 * 15 * 32 * trajectory_bytes(work, 11) / 10e9)
     assert row.images_per_gpu_s == pytest.approx(32 / (row.rollout_s + row.update_s + row.all_reduce_s
                                                        + row.exchange_s))
-    alone = scaling_row(work, device, LINK, gpus=1, images=32, batch_images=256, num_steps=10)
+    alone = scaling_row(work, device, LINK, gpus=1, images=32, batch_images=256, latents=11)
     assert alone.all_reduce_s == alone.exchange_s == 0.0 and alone.images_per_gpu_s > row.images_per_gpu_s
 
 
