@@ -55,6 +55,9 @@ class CallHook(torch.nn.Module):
         self.on_call(self.calls)
         return self.model(x, sigma, tokens)
 
+    def tokenize(self, prompts: list[str], guided: bool = True) -> torch.Tensor:  # the Policy protocol's
+        return self.model.tokenize(prompts, guided)
+
 
 @pytest.fixture(scope="module")
 def model(tiny_base_model: Path) -> TinyDiT:

@@ -40,6 +40,7 @@ from spotlight.diffusion.noise import initial_latents
 from spotlight.diffusion.sampler import SamplingPlan, VelocityFn, sample
 from spotlight.models.generation import prompt_tokens
 from spotlight.models.policy import Policy
+from spotlight.models.lora_merge import sampling_weights
 from spotlight.models.rebuild import ModelConfig, policy_from_config
 from spotlight.runtime.queue.request_queue import Lease
 from spotlight.runtime.queue.remote import QueueClient, RemoteQueue
@@ -216,7 +217,18 @@ def worker_loop(
 
     On ``preempted`` the worker finishes the step it is in, commits every in-flight request's
     (latent, step) — releasing its lease so another worker resumes it there — and returns.
+
+    A LoRA policy samples with its LoRA folded into the base weights for the whole round wherever the
+    trainer's rollout does (``model.merge_lora``; on CUDA by default), so a request resumed here runs
+    the same arithmetic as one sampled by the trainer.
     """
+    with sampling_weights(model):
+        return _serve_round(queue, worker_id, model, settings, preempted, weights_version)
+
+
+def _serve_round(queue: QueueClient, worker_id: str, model: Policy, settings: WorkerSettings,
+                 preempted: threading.Event, weights_version: int) -> WorkerReport:
+    """`worker_loop`'s round, with the sampling weights in place."""
     report = WorkerReport(worker_id, weights_version)
     in_flight: dict[str, _InFlight] = {}
     last_heartbeat = time.perf_counter()
