@@ -19,7 +19,7 @@ from spotlight.diffusion.steps import sde_step
 from spotlight.models.pipelines.prompts import bind_prompts
 from spotlight.models.policy import Policy
 from spotlight.rl.loss import clipped_policy_loss, gaussian_step_kl
-from spotlight.rl.micro_batch import micro_batches
+from spotlight.rl.micro_batch import local_norm, micro_batches
 
 
 class GRPOHyperparameters(Protocol):
@@ -172,6 +172,6 @@ def grpo_update(
                 totals["ratio"] += policy.ratio_mean.double() * weight
             terms += 1
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-        totals["grad_norm"] += grad_norm.detach().double() * len(timesteps)
+        totals["grad_norm"] += local_norm(grad_norm).detach().double() * len(timesteps)
         optimizer.step()
     return {f"train/{name}": float(value) / terms for name, value in totals.items()}  # the one read of the update

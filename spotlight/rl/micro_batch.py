@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["micro_batches", "rank_rows"]
+import torch
+from torch.distributed.tensor import DTensor
+
+__all__ = ["local_norm", "micro_batches", "rank_rows"]
 
 
 def rank_rows(rows: int, rank: int, world_size: int) -> slice:
@@ -48,3 +51,9 @@ def micro_batches(rows: int, config: object) -> list[slice]:
     length = share.stop - share.start
     bounds = [share.start + (length * k) // count for k in range(count + 1)]
     return [slice(bounds[k], bounds[k + 1]) for k in range(count)]
+
+
+def local_norm(norm: torch.Tensor) -> torch.Tensor:
+    """``clip_grad_norm_``'s total norm as a plain tensor on the device: under FSDP2 it is a replicated
+    DTensor, which does not add to the plain float64 sums the updates keep (no host sync either way)."""
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm

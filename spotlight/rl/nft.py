@@ -29,7 +29,7 @@ from spotlight.diffusion.sampler import to_device
 from spotlight.models.pipelines.prompts import bind_prompts
 from spotlight.models.policy import Policy
 from spotlight.rl.grpo import RolloutBatch
-from spotlight.rl.micro_batch import micro_batches
+from spotlight.rl.micro_batch import local_norm, micro_batches
 
 NFTWeighting = Literal["uniform", "adaptive"]
 
@@ -187,7 +187,7 @@ def nft_update(
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             optimizer.step()
             totals["loss"] += loss
-            totals["grad_norm"] += grad_norm.detach().double()
+            totals["grad_norm"] += local_norm(grad_norm).detach().double()
             steps += 1
     metrics = {f"train/{name}": float(value) / max(steps, 1) for name, value in totals.items()}  # the one read
     kept_optimality = optimality(batch.advantages[kept], config.nft_adv_scale)
