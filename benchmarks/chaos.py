@@ -6,7 +6,7 @@ Both runs train the shipped shapes base model in mode spotlight with ``runtime.c
 planner arm, every round run whole, the on-demand device serving what the spot devices leave, so neither
 the plan nor the explored seeds depend on which spot devices are up), with the reward served over HTTP
 by `spotlight.rewards.server.supervisor.RewardSupervisor`, each driver a process of its own (`python
-benchmarks/chaos.py driver ...`, which calls the same `spotlight.loop.trainer.train` as `spotlight train`,
+benchmarks/chaos.py driver ...`, which calls the same `spotlight.trainer.train` as `spotlight train`,
 with an `HTTPReward`).
 
 The fault-free run keeps its spot nodes (no trace). The faulty run gets:
@@ -78,9 +78,9 @@ def spot_trace(rng: random.Random, removals: int, period_s: float, down_s: float
 
 
 def driver(args: argparse.Namespace) -> None:
-    """One driver: `spotlight.loop.trainer.train` with the reward over HTTP (what `spotlight train` runs)."""
+    """One driver: `spotlight.trainer.train` with the reward over HTTP (what `spotlight train` runs)."""
     from spotlight.config import TrainConfig, parse_config
-    from spotlight.loop.trainer import train
+    from spotlight.trainer import train
     from spotlight.rewards.server.client import HTTPReward
 
     config = parse_config(TrainConfig, json.loads(Path(args.config).read_text()))

@@ -33,7 +33,7 @@ from provenance import RESULTS, git_commit, machine
 from spotlight.config import TrainConfig, load_config
 from spotlight.models.pipelines.memory_estimate import run_memory_estimate
 from spotlight.models.pipelines.tiny import FAMILIES, save_tiny_pipeline
-from spotlight.loop.trainer import Trainer
+from spotlight.trainer import Trainer
 from spotlight.rewards.base import RewardOutput
 
 

@@ -46,7 +46,7 @@ from provenance import REPO, RESULTS, git_commit, machine
 from published_pipelines import MODELS, describe_text_encoders, save_pipeline
 
 from spotlight.config import TrainConfig, load_config
-from spotlight.loop.trainer import Trainer
+from spotlight.trainer import Trainer
 from spotlight.models.pipelines.memory_estimate import run_memory_estimate
 from spotlight.models.policy_section import PolicySection
 from spotlight.cores import pinned

@@ -30,7 +30,7 @@ from provenance import RESULTS, git_commit, machine
 
 from spotlight.config import TrainConfig, load_config
 from spotlight.models.pipelines.tiny import FAMILIES, save_tiny_pipeline
-from spotlight.loop.trainer import train
+from spotlight.trainer import train
 
 
 def redness(images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> torch.Tensor:

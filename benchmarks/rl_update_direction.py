@@ -20,7 +20,7 @@ import torch
 from provenance import RESULTS, git_commit, machine
 
 from spotlight.config import TrainConfig, load_config
-from spotlight.loop.trainer import build_optimizer
+from spotlight.trainer import build_optimizer
 from spotlight.rewards.geneval.reward import GenEvalReward
 from spotlight.components.checkpoint import load_model
 from spotlight.rl.grpo import choose_train_timesteps, grpo_update, step_log_prob_and_mean

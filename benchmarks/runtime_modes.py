@@ -30,7 +30,7 @@ import numpy as np
 from provenance import RESULTS, git_commit, machine
 
 from spotlight.config import TrainConfig, load_config
-from spotlight.loop.trainer import train
+from spotlight.trainer import train
 
 MODES = ("vanilla", "sync-explore", "spot-rollout", "spotlight")
 

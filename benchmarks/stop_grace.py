@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.provenance import cpu_model, git_commit  # noqa: E402
 from spotlight.config import TrainConfig, parse_config  # noqa: E402
-from spotlight.loop.trainer import Trainer  # noqa: E402
+from spotlight.trainer import Trainer  # noqa: E402
 
 QWEN = Path(__file__).resolve().parent / "model_configs" / "qwen-image" / "transformer.json"
 

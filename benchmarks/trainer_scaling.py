@@ -49,7 +49,7 @@ from provenance import RESULTS, git_commit, machine
 from spotlight.components.checkpoint import load_model
 from spotlight.config import TrainConfig, TrainSection, parse_config
 from spotlight.cores import pinned
-from spotlight.loop.trainer import Trainer
+from spotlight.trainer import Trainer
 from spotlight.models.pipelines.family_config import DEFAULT_LORA_TARGETS
 from spotlight.models.pipelines.memory_estimate import lora_parameter_count
 from spotlight.ranks.data_parallel import RankShare, data_parallel

@@ -164,7 +164,7 @@ def train(
     """Post-train the base model (the help text is written from the code's lists: cli_help.TRAIN_HELP)."""
     cfg = load_config(TrainConfig, config, [*(set_ or []), *([f"runtime.address={address}"] if address else [])])
     from spotlight.models.pipelines.memory_estimate import cuda_memory_bytes, run_memory_estimate
-    from spotlight.loop.trainer import train as run_train
+    from spotlight.trainer import train as run_train
 
     estimate = run_memory_estimate(cfg)  # a pipeline folder's needs, read before any weight loads
     if estimate is not None and cfg.device != "cpu":  # where memory runs out; on the CPU it goes to the log
@@ -208,7 +208,7 @@ def _print_outcome(summary: Any) -> None:
 
     A run can pass its peak; the best model is what a user ships, so the summary always names it.
     """
-    from spotlight.loop.trainer import describe_score
+    from spotlight.trainer import describe_score
 
     best, final = summary.best, (summary.validation[-1] if summary.validation else None)
     if best is not None and final is not None:

@@ -34,7 +34,7 @@ KNOWN_ERRORS = (
     ("spotlight.schema", "ConfigError"),
     ("spotlight.components.checkpoint", "CheckpointError"),
     ("spotlight.rewards.base", "RewardError"),
-    ("spotlight.loop.trainer", "RunError"),
+    ("spotlight.trainer", "RunError"),
     ("spotlight.components.run_dir", "RunDirError"),
     ("spotlight.components.fingerprint", "ModelFilesError"),
     ("spotlight.market.traces", "TraceError"),

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from spotlight.config import TrainConfig, parse_config
-from spotlight.loop.trainer import train
+from spotlight.trainer import train
 from spotlight.components.checkpoint import latest_checkpoint, load_model
 from spotlight.run_error import RunError
 

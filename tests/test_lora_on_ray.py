@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from spotlight.config import TrainConfig, load_config
 from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.models.generation import generate
-from spotlight.loop.trainer import train
+from spotlight.trainer import train
 from spotlight.components.checkpoint import load_model
 from spotlight.runtime.spot.device import SpotDevice
 from spotlight.runtime.spot.pools import LocalCluster

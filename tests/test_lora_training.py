@@ -15,7 +15,7 @@ from spotlight.loop.base_policy import build_policy
 from spotlight.cli import app
 from spotlight.config import TrainConfig, load_config
 from spotlight.models.generation import prompt_tokens
-from spotlight.loop.trainer import train
+from spotlight.trainer import train
 from spotlight.rewards.base import RewardOutput
 from spotlight.components.checkpoint import load_model, load_training_state
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from spotlight.config import TrainConfig, parse_config
-from spotlight.loop.trainer import RunError, Trainer, train
+from spotlight.trainer import RunError, Trainer, train
 from spotlight.rewards.base import RewardError, RewardOutput
 from spotlight.rewards.geneval.reward import GenEvalReward
 from spotlight.loop.streams import iteration_prompts
@@ -244,7 +244,7 @@ def test_a_rollout_sampled_in_parts_scores_like_one_sampled_whole(tiny_base_mode
 
 def test_train_optimizer_picks_sgd_with_momentum_or_adamw() -> None:
     from spotlight.config import TrainSection
-    from spotlight.loop.trainer import build_optimizer
+    from spotlight.trainer import build_optimizer
 
     model = torch.nn.Linear(3, 2)
     sgd = build_optimizer(model, TrainSection(optimizer="sgd", learning_rate=0.5, momentum=0.8))

@@ -13,7 +13,7 @@ import torch
 
 from spotlight.config import TrainConfig, parse_config
 from spotlight.models.generation import generate
-from spotlight.loop.trainer import train
+from spotlight.trainer import train
 from spotlight.components.checkpoint import load_model
 from spotlight.loop.rollout import rollout_plan
 from spotlight.runtime.spot.device import SpotDevice

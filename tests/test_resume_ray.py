@@ -25,7 +25,7 @@ import torch
 import yaml
 
 from spotlight.config import TrainConfig, parse_config
-from spotlight.loop.trainer import train
+from spotlight.trainer import train
 from spotlight.components.checkpoint import latest_checkpoint, load_model, load_training_state
 
 ITERATIONS = 3

@@ -17,7 +17,7 @@ import ray
 
 from spotlight.config import TrainConfig, parse_config
 from spotlight.diffusion.sampler import SamplingPlan
-from spotlight.loop.trainer import train
+from spotlight.trainer import train
 from spotlight.components.checkpoint import load_model
 from spotlight.runtime.spot.device import SpotDevice
 from spotlight.runtime.spot.pools import LocalCluster

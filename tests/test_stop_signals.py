@@ -27,7 +27,7 @@ import yaml
 
 from spotlight.components.checkpoint import latest_checkpoint, load_model
 from spotlight.config import TrainConfig, parse_config
-from spotlight.loop.trainer import train
+from spotlight.trainer import train
 
 ITERATIONS = 3
 TESTS = Path(__file__).parent

@@ -15,7 +15,7 @@ The maths packages, which must stay pure functions of tensors and plain values (
 selection and planner maths of ``spotlight.explore`` (``selection``, ``planner``, ``staleness``;
 ``candidates`` drives generation and rewards and is not maths). None of them may import the run
 configuration (``spotlight.config``), the Ray runtime (``spotlight.runtime``), ``ray`` itself or the
-loop (``spotlight.loop.trainer``, ``spotlight.spot_pipeline``, ``spotlight.backends``, ``spotlight.cli``).
+loop (``spotlight.trainer``, ``spotlight.spot_pipeline``, ``spotlight.backends``, ``spotlight.cli``).
 The shared spot-market facts (``spotlight.market``) sit below both the runtime and the simulator:
 neither of those two imports the other, and neither the market nor the simulator imports the
 configuration, the runtime or the loop.
@@ -34,7 +34,7 @@ MAX_LINES = 500
 
 MATHS = ("spotlight.diffusion", "spotlight.rl.advantages", "spotlight.rl.loss", "spotlight.rl.grpo", "spotlight.rl.nft",
          "spotlight.explore.selection", "spotlight.explore.planner", "spotlight.explore.staleness")
-LOOP = ("spotlight.loop.trainer", "spotlight.spot_pipeline", "spotlight.backends", "spotlight.cli")
+LOOP = ("spotlight.trainer", "spotlight.spot_pipeline", "spotlight.backends", "spotlight.cli")
 ABOVE_MATHS = ("spotlight.config", "spotlight.runtime", "ray", *LOOP)
 ABOVE_MARKET_AND_SIM = ("spotlight.config", "spotlight.runtime", *LOOP)
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from spotlight.config import TrainConfig, parse_config
-from spotlight.loop.trainer import Trainer
+from spotlight.trainer import Trainer
 from spotlight.components.run_dir import RunDirError, read_metrics
 
 

@@ -1,6 +1,6 @@
 """The one interface between the training loop and where its sampling runs.
 
-The loop (`spotlight.loop.trainer.Trainer.iteration`) is the same in every mode; a backend decides where
+The loop (`spotlight.trainer.Trainer.iteration`) is the same in every mode; a backend decides where
 the rollout is sampled and where, when and with which weights exploration runs:
 
     local (one process)   rollout here; exploration here, before the rollout, with θ_i (sync-explore)

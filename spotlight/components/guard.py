@@ -15,7 +15,7 @@ iteration's metrics record:
 - **loss explosion**: a non-finite loss or gradient norm, or a loss above ``loss_explosion`` times
   the median loss of the run so far.
 
-The guard only judges; `spotlight.loop.trainer.Trainer` acts on its verdict: roll back to
+The guard only judges; `spotlight.trainer.Trainer` acts on its verdict: roll back to
 ``checkpoints/best`` with the learning rate times ``rollback_lr_factor`` (at most ``max_rollbacks``
 times), or stop with one line naming what happened and where the best model is.
 """

@@ -1,1 +1,1 @@
-"""The training loop: the trainer and its iteration, rollout scoring, seed choice, evaluation, pretraining."""
+"""The training loop's parts: rollout scoring, seed choice, evaluation, the random streams, the policy versions, the initial policy, pretraining (the `Trainer` that runs them is `spotlight.trainer`)."""

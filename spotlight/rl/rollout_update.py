@@ -16,7 +16,7 @@ def rollout_update(model: torch.nn.Module, previous: Policy, reference: Policy |
     """θ_i → θ_{i+1} on ``batch``: `nft_update` (``previous`` drew the rollout: NFT's v_old) or `grpo_update`.
 
     ``model`` is the policy, or its DDP wrapper on one of K ranks (``section`` is then a `RankShare`);
-    the loop (`spotlight.loop.trainer.Trainer.update`) and the other trainer ranks (`spotlight.ranks.group`)
+    the loop (`spotlight.trainer.Trainer.update`) and the other trainer ranks (`spotlight.ranks.group`)
     both call this, so one rank's update is the loop's.
     """
     if section.algorithm == "nft":

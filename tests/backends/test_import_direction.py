@@ -23,11 +23,11 @@ def imported_modules(path: Path) -> set[str]:
 
 def test_backends_never_import_the_loop() -> None:
     for path in sorted((PACKAGE / "backends").glob("*.py")):
-        assert "spotlight.loop.trainer" not in imported_modules(path), path.name
+        assert "spotlight.trainer" not in imported_modules(path), path.name
 
 
 def test_the_runtime_imports_neither_the_loop_nor_the_backends_nor_the_update() -> None:
     for path in sorted((PACKAGE / "runtime").glob("*.py")):
         for module in imported_modules(path):
-            assert not module.startswith(("spotlight.loop.trainer", "spotlight.backends", "spotlight.rl")), \
+            assert not module.startswith(("spotlight.trainer", "spotlight.backends", "spotlight.rl")), \
                 f"{path.name} imports {module}"

@@ -9,7 +9,7 @@ import torch
 
 from spotlight.config import TrainConfig, parse_config
 from spotlight.explore.planner import ExplorePlan
-from spotlight.loop.trainer import Trainer
+from spotlight.trainer import Trainer
 from spotlight.rewards.base import RewardOutput
 from spotlight.loop.seed_choice import explore
 from spotlight.loop.streams import Stream, candidate_seeds, iteration_generator, iteration_prompts

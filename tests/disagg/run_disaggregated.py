@@ -7,7 +7,7 @@ import json
 import sys
 
 from spotlight.config import TrainConfig, load_config
-from spotlight.loop.trainer import train
+from spotlight.trainer import train
 from spotlight.runtime.spot.pools import LocalCluster
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from spotlight.config import TrainConfig, load_config
-from spotlight.loop.trainer import train
+from spotlight.trainer import train
 from spotlight.models.pipelines.family_config import DiffusersPolicyConfig
 from spotlight.models.pipelines.policy import PipelinePolicy
 from spotlight.models.rebuild import policy_from_config

@@ -14,7 +14,7 @@ from spotlight.models.pipelines.adapter import DiffusersPolicy
 from spotlight.models.policy_section import PolicySection
 from spotlight.models.rebuild import policy_from_config
 from spotlight.models.shadow import LoraShadow, frozen_base, frozen_copy
-from spotlight.loop.trainer import Trainer
+from spotlight.trainer import Trainer
 from spotlight.loop.pretrain import update_ema
 from spotlight.tasks.shapes import VOCAB
 

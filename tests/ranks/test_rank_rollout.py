@@ -19,7 +19,7 @@ from brightness_reward import Brightness
 from spotlight.config import TrainConfig, parse_config
 from spotlight.loop.rollout import group_requests, rollout_plan
 from spotlight.loop.streams import iteration_prompts
-from spotlight.loop.trainer import Trainer
+from spotlight.trainer import Trainer
 from spotlight.models.generation import generate
 from spotlight.ranks.placement import placement_error, process_group_backend
 from spotlight.ranks.rollout import concat_outputs, prompt_shares

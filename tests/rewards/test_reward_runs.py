@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from spotlight.cli import app
 from spotlight.config import TrainConfig, parse_config
-from spotlight.loop.trainer import train
+from spotlight.trainer import train
 from spotlight.rewards.base import RewardError, guarded_score
 from spotlight.rewards.server.client import HTTPReward
 from spotlight.rewards.registry import build_reward
@@ -146,7 +146,7 @@ def test_the_supervisor_serves_a_config_reward_given_serve_args(monkeypatch):
 
 @pytest.mark.slow
 def test_a_run_with_overlap_scores_in_the_worker_and_learns_what_a_run_without_it_learns(tiny_base_model, tmp_path):
-    from spotlight.loop.trainer import Trainer
+    from spotlight.trainer import Trainer
     from spotlight.rewards.pool import PooledReward
 
     runs = {}

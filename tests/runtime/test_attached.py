@@ -15,7 +15,7 @@ import ray
 from metadata_services import AwsImdsPerNode, FakeMetadata, iso
 
 from spotlight.config import TrainConfig, parse_config
-from spotlight.loop.trainer import Trainer
+from spotlight.trainer import Trainer
 from spotlight.runtime.spot.ray_nodes import start_node
 
 NOTICE_S = 120.0  # what AWS gives a spot instance

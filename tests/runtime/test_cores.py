@@ -51,6 +51,6 @@ def test_inside_the_trainers_pinned_block_spot_devices_and_ray_still_go_to_the_o
 
     config = load_config(TrainConfig, None, [])  # device_cores null: this machine's cores
     cores = sorted(os.sched_getaffinity(0))
-    with pinned(config.device_core(0)):  # as spotlight.loop.trainer.train runs the trainer
+    with pinned(config.device_core(0)):  # as spotlight.trainer.train runs the trainer
         assert config.device_core(1) == cores[1]
         assert config.control_plane_cores() == cores[1:]

@@ -4,7 +4,7 @@ import torch
 from spotlight.config import TrainConfig
 from spotlight.models.generation import prompt_tokens
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig, sincos_2d
-from spotlight.loop.trainer import RunError, Trainer
+from spotlight.trainer import RunError, Trainer
 from spotlight.tasks import text
 from spotlight.task_presets import TASKS, get_task, task_of
 
