@@ -410,7 +410,22 @@ def headline(load: Callable[[str], dict | None]) -> Table:
                 f"**{fmt(r.get('ratio'), 1)}×** faster than a cold restart ({fmt(r.get('agent_recovery_s'), 2)} vs "
                 f"{fmt(r.get('cold_restart_s'), 2)} s)"]
 
+    def scaling(r: dict) -> list[str]:
+        spans = []
+        for table in r.get("tables", []):
+            rows = table.get("rows", [])
+            if rows:
+                first, last = rows[0], rows[-1]
+                spans.append(f"{table.get('model')} {fmt(first.get('images_per_gpu_s'), 3)} → "
+                             f"{fmt(last.get('images_per_gpu_s'), 3)}")
+        gpus = [row.get("gpus") for table in r.get("tables", [])[:1] for row in table.get("rows", [])]
+        span = f"{gpus[0]} to {gpus[-1]}" if gpus else "–"
+        link = next((table.get("interconnect", "") for table in r.get("tables", [])), "").partition(";")[0]
+        return [f"simulated K data-parallel GPUs ({span} H100s, LoRA recipes, weak-scaled; assumed: {link})",
+                "images per GPU-second " + "; ".join(spans) + " (not measured on a GPU)"]
+
     add("simulate_paper_scale", simulated)
+    add("simulated_scaling", scaling)
     add("long_run-restore", guarded)
     add("chaos", chaos_row)
     add("elastic_recovery", recovery)
