@@ -128,7 +128,12 @@ def _model_folder(config: Any) -> Path | None:
 
     name = config.model.pretrained if config.model.pretrained is not None else config.base_checkpoint
     folder = Path(name).expanduser() if config.model.pretrained is not None else resolve_model_dir(name)
-    return folder if folder.is_dir() else None
+    if not folder.is_dir():
+        return None
+    if config.model.pretrained is not None and not any((folder / n).is_file() for n in ("model_index.json",
+                                                                                        "config.json")):
+        return None  # neither a pipeline nor a model folder: the loader's one line says what it lacks
+    return folder
 
 
 def record_model(run_dir: Path, config: Any) -> None:
