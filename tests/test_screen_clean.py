@@ -19,20 +19,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_tty_quiet import screen_lines  # what stays on a terminal's screen, read the same way
 
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 # What the three libraries print: their logger's prefix or names, their notices, tqdm's bars (" 40%|####  |").
 THIRD_PARTY = re.compile(r"transformers|diffusers|tokenizers|huggingface|torchvision|Token indices|model shards|"
                          r"Loading (checkpoint|pipeline)|\d+%\|| it/s\]|s/it\]", re.IGNORECASE)
-
-
-def screen_lines(raw: str) -> list[str]:
-    """What stays on the screen: each line's text after its last carriage return or line erase, no colours."""
-    lines = []
-    for line in raw.replace("\r\n", "\n").split("\n"):
-        line = re.split(r"\r|\x1b\[2K", line)[-1]
-        lines.append(ANSI.sub("", line).rstrip())
-    return [line for line in lines if line]
 
 
 @pytest.mark.slow
