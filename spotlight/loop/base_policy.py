@@ -50,7 +50,7 @@ def policy_config(config: TrainConfig) -> DiffusersPolicyConfig | None:
             return None
         task = get_task(config.task)
         return section.diffusers_config(task.name, task.vocab_size, task.image_size)
-    if config.runtime.sp_degree > 1:  # SP device processes rebuild a transformer alone (runtime/sp_policy.py)
+    if config.runtime.sp_degree > 1:  # SP device processes rebuild a transformer alone (the model spec, models/spec.py)
         raise ConfigError(f"runtime.sp_degree={config.runtime.sp_degree}: sequence parallelism serves TinyDiT and "
                           "the tiny diffusers families, not a pipeline folder yet: set runtime.sp_degree 1")
     try:

@@ -25,7 +25,7 @@ def start_elastic_sp(section: RuntimeSection, queue: Any, model: Any, ray_cluste
     """The elastic SP controller serving ``queue``, with the agents of the ``initial`` spot nodes up and serving.
 
     The agents run the policy (a TinyDiT, or a FLUX / Qwen-Image transformer with LoRA) with Ulysses
-    attention, so the degree must divide its heads and its token counts (`sp_policy.check_sp_policy`).
+    attention, so the degree must divide its heads and its token counts (`spotlight.models.spec.check_sp_policy`).
     """
     try:
         check_sp_policy(model.config, section.sp_degree)
