@@ -80,8 +80,8 @@ def spot_trace(rng: random.Random, removals: int, period_s: float, down_s: float
 def driver(args: argparse.Namespace) -> None:
     """One driver: `spotlight.trainer.train` with the reward over HTTP (what `spotlight train` runs)."""
     from spotlight.config import TrainConfig, parse_config
-    from spotlight.trainer import train
     from spotlight.rewards.server.client import HTTPReward
+    from spotlight.trainer import train
 
     config = parse_config(TrainConfig, json.loads(Path(args.config).read_text()))
     train(config, resume=args.resume, reward=HTTPReward(args.reward_url, timeout_s=20.0, retries=8, backoff_s=0.25))

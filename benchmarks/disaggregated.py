@@ -197,8 +197,8 @@ EXPLORE_RUNGS = {"disaggregated (+GAP +TSP)": [*DISAGG], "+ stale-seed explorati
 def run_rung(name: str, overrides: list[str], seed: int, run_dir: Path) -> dict:
     """One rung: a `spotlight train` run; its steady-state samples/s, utilisation and per-step figures."""
     from spotlight.config import TrainConfig
-    from spotlight.trainer import train
     from spotlight.runtime.spot.pools import LocalCluster
+    from spotlight.trainer import train
 
     config = load_config(TrainConfig, None, [*MEASURE_BASE, *overrides, f"seed={seed}", f"run_dir={run_dir}"])
     disaggregated = config.mode == "disaggregated"

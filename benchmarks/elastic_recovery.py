@@ -42,8 +42,8 @@ from provenance import RESULTS, git_commit, machine
 from spotlight.diffusion.noise import initial_latents
 from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
-from spotlight.runtime.sp.agent import NodeAgent
 from spotlight.runtime.queue.request_queue import Request
+from spotlight.runtime.sp.agent import NodeAgent
 from spotlight.runtime.sp.reconfigure import SPGroup, plan_groups
 
 # 16 image + 12 prompt tokens: few tokens keep the step itself short, so the clock measures recovery.

@@ -33,18 +33,18 @@ import torch
 from provenance import RESULTS, git_commit, machine
 from ray.cluster_utils import Cluster
 
-from spotlight.loop.base_policy import build_policy
 from spotlight.config import TrainConfig, load_config
 from spotlight.diffusion.sampler import SamplingPlan
-from spotlight.models.generation import generate
+from spotlight.loop.base_policy import build_policy
 from spotlight.market.traces import default_trace_dir, load_trace
+from spotlight.models.generation import generate
 from spotlight.models.policy import Policy
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
+from spotlight.runtime.queue.remote import start_queue_actor
+from spotlight.runtime.queue.request_queue import Request
 from spotlight.runtime.sp.elastic import ElasticSPSettings, run_elastic_sp
 from spotlight.runtime.spot.local_nodes import LocalSpotNodes
 from spotlight.runtime.spot.preemption import TraceReplay
-from spotlight.runtime.queue.request_queue import Request
-from spotlight.runtime.queue.remote import start_queue_actor
 from spotlight.runtime.spot.worker import model_weights
 
 CONFIG = TinyDiTConfig(image_size=32, patch_size=4, dim=128, depth=4, num_heads=4)  # 64 + 12 tokens

@@ -33,8 +33,8 @@ from provenance import RESULTS, git_commit, machine
 from spotlight.config import TrainConfig, load_config
 from spotlight.models.pipelines.memory_estimate import run_memory_estimate
 from spotlight.models.pipelines.tiny import FAMILIES, save_tiny_pipeline
-from spotlight.trainer import Trainer
 from spotlight.rewards.base import RewardOutput
+from spotlight.trainer import Trainer
 
 
 class Brightness:

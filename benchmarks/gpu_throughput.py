@@ -46,10 +46,10 @@ from provenance import REPO, RESULTS, git_commit, machine
 from published_pipelines import MODELS, describe_text_encoders, save_pipeline
 
 from spotlight.config import TrainConfig, load_config
-from spotlight.trainer import Trainer
+from spotlight.cores import pinned
 from spotlight.models.pipelines.memory_estimate import run_memory_estimate
 from spotlight.models.policy_section import PolicySection
-from spotlight.cores import pinned
+from spotlight.trainer import Trainer
 
 # dense (no sparsity) bf16 tensor-core peaks from NVIDIA's data sheets, matched in order against the device name
 PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H200 NVL", 835.0), ("H200", 989.0), ("H100", 989.0),

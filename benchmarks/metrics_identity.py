@@ -59,7 +59,7 @@ def run(out: Path, ignored: set[str]) -> dict:
 def differences(mine: list[dict], theirs: list[dict]) -> list[str]:
     """``iteration key: theirs -> mine`` for each value that differs (a missing key reads as None)."""
     found = [f"{len(theirs)} -> {len(mine)} records"] if len(mine) != len(theirs) else []
-    for a, b in zip(theirs, mine):
+    for a, b in zip(theirs, mine, strict=False):  # a length difference is reported above
         found += [f"{a.get('iteration')} {key}: {a.get(key)} -> {b.get(key)}"
                   for key in sorted(set(a) | set(b)) if a.get(key) != b.get(key)]
     return found

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 from provenance import RESULTS, git_commit, machine
 
+from spotlight.components.checkpoint import load_model
 from spotlight.diffusion.noise import initial_latents
 from spotlight.diffusion.sampler import SamplingPlan, sample
 from spotlight.explore.candidates import exploration_sampling, score_candidates
@@ -35,7 +36,6 @@ from spotlight.explore.selection import select_max_variance
 from spotlight.models.generation import generate, prompt_tokens, velocity_fn
 from spotlight.models.policy import to_images
 from spotlight.rewards.base import Reward
-from spotlight.components.checkpoint import load_model
 from spotlight.task_presets import get_task
 
 

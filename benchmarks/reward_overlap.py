@@ -27,16 +27,16 @@ import time
 import torch
 from provenance import RESULTS, git_commit, machine
 
-from spotlight.loop.base_policy import build_policy
 from spotlight.config import TrainConfig, parse_config
+from spotlight.loop.base_policy import build_policy
+from spotlight.loop.rollout import group_requests, rollout_plan
+from spotlight.loop.streams import candidate_seeds
 from spotlight.models.generation import generate
 from spotlight.models.policy import to_images
 from spotlight.rewards.base import guarded_score
 from spotlight.rewards.overlap import sample_and_prefetch
 from spotlight.rewards.pool import PooledReward
 from spotlight.rewards.registry import build_reward
-from spotlight.loop.rollout import group_requests, rollout_plan
-from spotlight.loop.streams import candidate_seeds
 from spotlight.task_presets import get_task
 
 

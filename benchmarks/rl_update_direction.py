@@ -19,14 +19,14 @@ from pathlib import Path
 import torch
 from provenance import RESULTS, git_commit, machine
 
-from spotlight.config import TrainConfig, load_config
-from spotlight.trainer import build_optimizer
-from spotlight.rewards.geneval.reward import GenEvalReward
 from spotlight.components.checkpoint import load_model
-from spotlight.rl.grpo import choose_train_timesteps, grpo_update, step_log_prob_and_mean
+from spotlight.config import TrainConfig, load_config
 from spotlight.loop.rollout import rollout
 from spotlight.loop.streams import candidate_seeds, iteration_prompts
+from spotlight.rewards.geneval.reward import GenEvalReward
+from spotlight.rl.grpo import choose_train_timesteps, grpo_update, step_log_prob_and_mean
 from spotlight.tasks.shapes import train_val_split
+from spotlight.trainer import build_optimizer
 
 SETTINGS = {"adamw lr 1e-4": ("adamw", 1e-4), "adamw lr 1e-5": ("adamw", 1e-5),
             "sgd lr 1.0": ("sgd", 1.0), "sgd lr 0.1": ("sgd", 0.1)}

@@ -63,9 +63,9 @@ from provenance import REPO, RESULTS, git_commit, machine
 
 from spotlight.components.checkpoint import load_model
 from spotlight.config import TrainConfig, load_config
+from spotlight.cores import available_cores, pinned
 from spotlight.loop.evaluation import evaluate
 from spotlight.market.prices import default_prices
-from spotlight.cores import available_cores, pinned
 from spotlight.task_presets import get_task
 
 MODES = ("vanilla", "sync-explore", "spot-rollout", "spotlight")

@@ -49,13 +49,13 @@ from provenance import RESULTS, git_commit, machine
 from spotlight.components.checkpoint import load_model
 from spotlight.config import TrainConfig, TrainSection, parse_config
 from spotlight.cores import pinned
-from spotlight.trainer import Trainer
 from spotlight.models.pipelines.family_config import DEFAULT_LORA_TARGETS
 from spotlight.models.pipelines.memory_estimate import lora_parameter_count
 from spotlight.ranks.data_parallel import RankShare, data_parallel
 from spotlight.rl.grpo import RolloutBatch
 from spotlight.rl.nft import nft_update
 from spotlight.rl.rollout_update import build_optimizer
+from spotlight.trainer import Trainer
 
 PROMPTS, GROUP = 16, 8
 LORA_RANK = 32  # Flow-GRPO's SD3.5 rank (the tiny configs use 4)

@@ -25,10 +25,10 @@ from typer.core import TyperGroup
 
 from spotlight import errors
 from spotlight.cli_help import APP_HELP, FAMILY_HELP, MODES_HELP, TASK_HELP, TRAIN_DEFAULT_RUN, TRAIN_HELP
-from spotlight.config import PretrainConfig, TrainConfig, load_config
-from spotlight.modes import Mode
 from spotlight.components.progress_line import AboveTheLine, ProgressLine, ProgressState
 from spotlight.components.run_log import RUN_LOG_NAME, log_to, output_to_log
+from spotlight.config import PretrainConfig, TrainConfig, load_config
+from spotlight.modes import Mode
 
 console = Console(stderr=True)
 
@@ -112,7 +112,8 @@ def pretrain(config: ConfigOption = None, set_: SetOption = None) -> None:
 
 
 def _train_progress(terminal: TextIO, state: ProgressState) -> Live:
-    """The progress line of ``spotlight train`` (spotlight/components/progress_line.py), redrawn every second on ``terminal``.
+    """The progress line of ``spotlight train`` (spotlight/components/progress_line.py), redrawn every second on
+    ``terminal``.
 
     Rich's live display would replace sys.stdout and sys.stderr by proxies that print above the line,
     but only on a real terminal: Ray's driver-side prints (node-death dumps, "marked dead" notices) then
@@ -263,8 +264,8 @@ def eval_(
     num_steps: int = 10,
 ) -> None:
     """Score a checkpoint on its task's validation split: strict accuracy overall and per kind (ODE, fixed seeds)."""
-    from spotlight.loop.evaluation import evaluate
     from spotlight.components.checkpoint import load_model
+    from spotlight.loop.evaluation import evaluate
     from spotlight.task_presets import task_of
 
     model = load_model(checkpoint)

@@ -12,6 +12,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from spotlight.components.guard_section import GuardSection
+from spotlight.cores import check_cores, unpinned_cores
 from spotlight.data.section import DataSection
 from spotlight.disagg.section import DisaggSection
 from spotlight.explore.planner_section import PlannerSection
@@ -19,8 +21,6 @@ from spotlight.models.policy_section import PolicySection
 from spotlight.modes import Mode
 from spotlight.ranks.section import TrainerSection, ranks_problem
 from spotlight.rewards.section import RewardSection
-from spotlight.components.guard_section import GuardSection
-from spotlight.cores import check_cores, unpinned_cores
 from spotlight.runtime.section import RuntimeSection
 from spotlight.schema import ConfigError, Section  # noqa: F401 (re-exported: ConfigError, Section)
 from spotlight.tasks import TaskName

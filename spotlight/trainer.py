@@ -41,25 +41,7 @@ from typing import Any
 import torch
 
 from spotlight.backends import TrainerView, check_backend, open_backend
-from spotlight.diffusion.sampler import Trajectory
 from spotlight.backends.disaggregated_stream import GroupStream
-from spotlight.loop.base_policy import build_policy
-from spotlight.config import TrainConfig, dump_config
-from spotlight.data import open_dataset
-from spotlight.data.metadata_reward import bind_metadata
-from spotlight.disagg.loop_update import GroupedUpdate
-from spotlight.disagg.versions import VersionGate
-from spotlight.loop.evaluation import evaluate, score_name, validation_subset
-from spotlight.explore.fidelity import preview_fidelity
-from spotlight.explore.planner import ExplorationPlanner, PlannerSection
-from spotlight.explore.staleness import StalenessMonitor
-from spotlight.models.loop_model import LoopModel
-from spotlight.loop.policy_versions import PolicyVersions
-from spotlight.ranks.group import TrainerRanks
-from spotlight.ranks.rollout import score_share
-from spotlight.report.grid import save_grid
-from spotlight.rewards.base import Reward, RewardOutput
-from spotlight.rewards.registry import build_reward
 from spotlight.components.checkpoint import (
     latest_checkpoint,
     load_model_state,
@@ -67,19 +49,37 @@ from spotlight.components.checkpoint import (
     replace_model,
     save_training_checkpoint,
 )
+from spotlight.components.fingerprint import record_model
 from spotlight.components.guard import GuardVerdict, RunGuard
-from spotlight.rl.kl_control import AdaptiveTrust
 from spotlight.components.manifest import write_text_durably
-from spotlight.rl.rollout_update import build_optimizer, rollout_update
-from spotlight.loop.rollout import Rollout, rollout_plan, score_rollout
 from spotlight.components.run_dir import RunDirLock, check_resume_config, read_metrics, write_failed
 from spotlight.components.stop_signals import StopRequest, stoppable
-from spotlight.components.fingerprint import record_model
-from spotlight.models.pipelines.memory_estimate import out_of_memory_message, with_estimated_micro_batch
-from spotlight.run_error import RunError
+from spotlight.config import TrainConfig, dump_config
 from spotlight.cores import pinned
+from spotlight.data import open_dataset
+from spotlight.data.metadata_reward import bind_metadata
+from spotlight.diffusion.sampler import Trajectory
+from spotlight.disagg.loop_update import GroupedUpdate
+from spotlight.disagg.versions import VersionGate
+from spotlight.explore.fidelity import preview_fidelity
+from spotlight.explore.planner import ExplorationPlanner, PlannerSection
+from spotlight.explore.staleness import StalenessMonitor
+from spotlight.loop.base_policy import build_policy
+from spotlight.loop.evaluation import evaluate, score_name, validation_subset
+from spotlight.loop.policy_versions import PolicyVersions
+from spotlight.loop.rollout import Rollout, rollout_plan, score_rollout
 from spotlight.loop.seed_choice import Exploration
 from spotlight.loop.streams import Stream, iteration_generator, iteration_prompts
+from spotlight.models.loop_model import LoopModel
+from spotlight.models.pipelines.memory_estimate import out_of_memory_message, with_estimated_micro_batch
+from spotlight.ranks.group import TrainerRanks
+from spotlight.ranks.rollout import score_share
+from spotlight.report.grid import save_grid
+from spotlight.rewards.base import Reward, RewardOutput
+from spotlight.rewards.registry import build_reward
+from spotlight.rl.kl_control import AdaptiveTrust
+from spotlight.rl.rollout_update import build_optimizer, rollout_update
+from spotlight.run_error import RunError
 from spotlight.task_presets import get_task, task_of
 
 __all__ = ["RunError", "RunSummary", "Trainer", "build_optimizer", "planner_config", "train"]

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
 from spotlight.components.checkpoint import save_model
+from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
 from spotlight.tasks.shapes import VOCAB
 
 

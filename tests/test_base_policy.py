@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from spotlight.loop.base_policy import build_policy
 from spotlight.config import ConfigError, TrainConfig, load_config
+from spotlight.loop.base_policy import build_policy
 from spotlight.models.pipelines.adapter import DiffusersPolicy
 from spotlight.models.policy import Policy
 from spotlight.models.tinydit import TinyDiT

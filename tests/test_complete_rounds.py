@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import torch
 
-from spotlight.config import TrainConfig, parse_config
-from spotlight.trainer import train
 from spotlight.components.checkpoint import latest_checkpoint, load_model
+from spotlight.config import TrainConfig, parse_config
 from spotlight.run_error import RunError
+from spotlight.trainer import train
 
 DETERMINISTIC = ("rollout/", "train/", "explore/", "staleness/", "planner/num_")  # the rest are timings and bills
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from spotlight.loop.evaluation import evaluate
 from spotlight.components.checkpoint import latest_checkpoint, load_model, load_training_state
 from spotlight.cores import pinned
+from spotlight.loop.evaluation import evaluate
 from spotlight.task_presets import get_task
 
 

@@ -63,7 +63,7 @@ def folder_cycle_witnesses(graph: dict[str, ModuleImports]) -> list[str]:
     found = []
     for cycle in cycles(folder_graph(graph)):
         steps = []
-        for source, target in zip(cycle, cycle[1:]):
+        for source, target in zip(cycle, cycle[1:], strict=False):
             witness = next(f"{m} imports {t}" for m, t in imports_between_folders(graph)
                            if folder_of(m) == source and folder_of(t) == target)
             steps.append(witness)
@@ -72,7 +72,7 @@ def folder_cycle_witnesses(graph: dict[str, ModuleImports]) -> list[str]:
 
 
 def kind_branches(root: Path = PACKAGE_ROOT) -> list[str]:
-    """``path:line`` of each isinstance on a model class, or getattr/hasattr probe of a policy member, outside models/."""
+    """``path:line`` of each isinstance on a model class or getattr/hasattr probe of a policy member outside models/."""
     found = []
     for module, path in package_modules(root).items():
         if module.startswith(f"{root.name}.models"):

@@ -16,15 +16,15 @@ import ray
 import torch
 from safetensors.torch import load_file
 
+from spotlight.components.checkpoint import load_model
 from spotlight.config import TrainConfig, load_config
 from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.models.generation import generate
-from spotlight.trainer import train
-from spotlight.components.checkpoint import load_model
+from spotlight.runtime.queue.remote import start_queue_actor
 from spotlight.runtime.spot.device import SpotDevice
 from spotlight.runtime.spot.pools import LocalCluster
-from spotlight.runtime.queue.remote import start_queue_actor
 from spotlight.runtime.spot.worker import WorkerSettings, model_weights
+from spotlight.trainer import train
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "sd3-tiny-lora.yaml"
 

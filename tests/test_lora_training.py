@@ -11,13 +11,13 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from spotlight.loop.base_policy import build_policy
 from spotlight.cli import app
-from spotlight.config import TrainConfig, load_config
-from spotlight.models.generation import prompt_tokens
-from spotlight.trainer import train
-from spotlight.rewards.base import RewardOutput
 from spotlight.components.checkpoint import load_model, load_training_state
+from spotlight.config import TrainConfig, load_config
+from spotlight.loop.base_policy import build_policy
+from spotlight.models.generation import prompt_tokens
+from spotlight.rewards.base import RewardOutput
+from spotlight.trainer import train
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 FAMILIES = ["sd3", "flux", "qwen-image"]

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from spotlight.config import TrainConfig, parse_config
-from spotlight.trainer import RunError, Trainer, train
+from spotlight.loop.streams import iteration_prompts
 from spotlight.rewards.base import RewardError, RewardOutput
 from spotlight.rewards.geneval.reward import GenEvalReward
-from spotlight.loop.streams import iteration_prompts
+from spotlight.trainer import RunError, Trainer, train
 
 
 def tiny_config(base: Path, run_dir: Path, **changes) -> TrainConfig:
@@ -224,9 +224,9 @@ def test_max_wall_s_ends_the_run_after_the_iteration_that_passes_it_validated_an
 def test_a_rollout_sampled_in_parts_scores_like_one_sampled_whole(tiny_base_model, tmp_path):
     """What the runtime does with spot helpers: sample prompt groups on several devices, score them together."""
     from spotlight.diffusion.sampler import Trajectory
-    from spotlight.models.generation import generate
     from spotlight.loop.rollout import group_requests, rollout, rollout_plan, score_rollout
     from spotlight.loop.streams import candidate_seeds
+    from spotlight.models.generation import generate
 
     config = tiny_config(tiny_base_model, tmp_path / "run")
     trainer = Trainer(config)

@@ -11,15 +11,15 @@ import pytest
 import ray
 import torch
 
-from spotlight.config import TrainConfig, parse_config
-from spotlight.models.generation import generate
-from spotlight.trainer import train
 from spotlight.components.checkpoint import load_model
+from spotlight.config import TrainConfig, parse_config
 from spotlight.loop.rollout import rollout_plan
+from spotlight.models.generation import generate
+from spotlight.runtime.queue.remote import start_queue_actor
 from spotlight.runtime.spot.device import SpotDevice
 from spotlight.runtime.spot.pools import LocalCluster
-from spotlight.runtime.queue.remote import start_queue_actor
 from spotlight.runtime.spot.worker import WorkerSettings, model_weights
+from spotlight.trainer import train
 
 
 def spotlight_config(folder: Path, run_dir: Path) -> TrainConfig:
@@ -77,9 +77,9 @@ def test_spot_nodes_offer_a_gpu_and_spot_devices_take_it_when_the_policy_is_on_c
 
     from spotlight.market.billing import DeviceLedger
     from spotlight.market.prices import default_prices
+    from spotlight.runtime.section import RuntimeSection
     from spotlight.runtime.spot.events import EventLog
     from spotlight.runtime.spot.pools import SpotPool
-    from spotlight.runtime.section import RuntimeSection
 
     prices = RuntimeSection().prices
     cluster = LocalCluster(node_timeout_s=240.0, spot_gpus=1)

@@ -8,10 +8,10 @@ import pytest
 import torch
 from brightness_reward import Brightness
 
-from spotlight.loop.base_policy import build_policy
 from spotlight.config import TrainConfig, parse_config
-from spotlight.rl.grpo import step_log_prob_and_mean
+from spotlight.loop.base_policy import build_policy
 from spotlight.loop.rollout import rollout
+from spotlight.rl.grpo import step_log_prob_and_mean
 
 PROMPTS = ["a red circle", "two blue squares"]
 

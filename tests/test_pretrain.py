@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from spotlight.components.checkpoint import load_model
 from spotlight.config import ConfigError, PretrainConfig, parse_config
 from spotlight.loop.pretrain import ema_decay_at, flow_matching_loss, pretrain
-from spotlight.components.checkpoint import load_model
 
 
 def tiny(tmp_path, steps: int, eval_every: int = 100) -> PretrainConfig:

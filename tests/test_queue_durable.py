@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from spotlight.diffusion.sampler import SamplingPlan
-from spotlight.runtime.queue.request_queue import QueueError, Request
 from spotlight.runtime.queue.durable import DurableQueue
 from spotlight.runtime.queue.log import QueueLogError, decode_tensor, encode_tensor
+from spotlight.runtime.queue.request_queue import QueueError, Request
 
 PLAN = SamplingPlan(num_steps=4)
 

@@ -24,9 +24,9 @@ import pytest
 import torch
 import yaml
 
+from spotlight.components.checkpoint import latest_checkpoint, load_model, load_training_state
 from spotlight.config import TrainConfig, parse_config
 from spotlight.trainer import train
-from spotlight.components.checkpoint import latest_checkpoint, load_model, load_training_state
 
 ITERATIONS = 3
 BASE = "shapes-base"  # the shipped base model: its rewards vary, so training moves the weights

@@ -13,11 +13,11 @@ import torch
 from typer.testing import CliRunner
 
 from spotlight.cli import app
-from spotlight.config import TrainConfig, dump_config, parse_config
-from spotlight.trainer import Trainer, train
 from spotlight.components.checkpoint import save_training_checkpoint
 from spotlight.components.manifest import write_manifest
 from spotlight.components.run_dir import RunDirError, RunDirLock, check_resume_config, read_metrics
+from spotlight.config import TrainConfig, dump_config, parse_config
+from spotlight.trainer import Trainer, train
 
 runner = CliRunner()
 

@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 import ray
 
+from spotlight.components.checkpoint import load_model
 from spotlight.config import TrainConfig, parse_config
 from spotlight.diffusion.sampler import SamplingPlan
-from spotlight.trainer import train
-from spotlight.components.checkpoint import load_model
+from spotlight.runtime.queue.remote import start_queue_actor
 from spotlight.runtime.spot.device import SpotDevice
 from spotlight.runtime.spot.pools import LocalCluster
-from spotlight.runtime.queue.remote import start_queue_actor
 from spotlight.runtime.spot.worker import WorkerSettings, model_weights
+from spotlight.trainer import train
 
 
 def runtime_config(base: Path, run_dir: Path, trace: Path, **runtime) -> TrainConfig:

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
+from spotlight.components.run_dir import RunDirError, read_metrics
 from spotlight.config import TrainConfig, parse_config
 from spotlight.trainer import Trainer
-from spotlight.components.run_dir import RunDirError, read_metrics
 
 
 def tiny_config(base: Path, run_dir: Path, **fields: Any) -> TrainConfig:

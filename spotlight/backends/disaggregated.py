@@ -41,19 +41,19 @@ from spotlight.diffusion.sampler import Trajectory
 from spotlight.disagg.assisted import trainer_assisted_fragment
 from spotlight.disagg.bubble import BubblePolicy, BubbleTimings, QueueState
 from spotlight.disagg.groups import AssembledGroup, GroupAssembler
+from spotlight.disagg.runtime.generator_actor import GeneratorDevice, unit_scorer, with_strict
+from spotlight.disagg.runtime.queue import Task, UnitQueue
 from spotlight.disagg.samples import ScoredSample, cut_generation_units
 from spotlight.disagg.versions import VersionGate
 from spotlight.explore.candidates import exploration_sampling
 from spotlight.explore.planner import ExplorePlan
-from spotlight.models.generation import prompt_tokens
 from spotlight.loop.rollout import group_metrics, rollout_plan
-from spotlight.run_error import RunError
-from spotlight.disagg.runtime.generator_actor import GeneratorDevice, unit_scorer, with_strict
-from spotlight.disagg.runtime.queue import Task, UnitQueue
-from spotlight.runtime.spot.pools import LocalCluster
-from spotlight.runtime.spot.worker import model_weights
 from spotlight.loop.seed_choice import Exploration, select_explored
 from spotlight.loop.streams import Stream, candidate_seeds, iteration_generator, iteration_prompts
+from spotlight.models.generation import prompt_tokens
+from spotlight.run_error import RunError
+from spotlight.runtime.spot.pools import LocalCluster
+from spotlight.runtime.spot.worker import model_weights
 
 __all__ = ["DisaggregatedBackend"]
 

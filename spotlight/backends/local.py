@@ -16,11 +16,11 @@ import torch
 from spotlight.backends.protocol import TrainerView
 from spotlight.diffusion.sampler import Trajectory
 from spotlight.explore.planner import ExplorePlan
-from spotlight.models.generation import generate
-from spotlight.rewards.overlap import sample_and_prefetch
 from spotlight.loop.rollout import group_requests, rollout_plan
 from spotlight.loop.seed_choice import Exploration, explore
 from spotlight.loop.streams import Stream, candidate_seeds, iteration_generator
+from spotlight.models.generation import generate
+from spotlight.rewards.overlap import sample_and_prefetch
 
 __all__ = ["LocalBackend"]
 
@@ -66,7 +66,8 @@ class LocalBackend:
         expanded, flat_seeds = group_requests(prompts, seeds)
         plan, model = rollout_plan(self.view.config), self.view.model
         return sample_and_prefetch(expanded, seeds.shape[1], self.view.config.reward.overlap_groups,
-                                   lambda rows: generate(model, expanded[rows], flat_seeds[rows], plan), model.decode_images,
+                                   lambda rows: generate(model, expanded[rows], flat_seeds[rows], plan),
+                                   model.decode_images,
                                    self.view.reward)
 
     def training_started(self, iteration: int, budget_s: float) -> None:

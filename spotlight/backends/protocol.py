@@ -24,9 +24,9 @@ from spotlight.config import TrainConfig
 from spotlight.diffusion.sampler import Trajectory
 from spotlight.explore.planner import ExplorationPlanner
 from spotlight.explore.staleness import StalenessMonitor
+from spotlight.loop.seed_choice import Exploration
 from spotlight.models.loop_model import LoopModel
 from spotlight.rewards.base import Reward
-from spotlight.loop.seed_choice import Exploration
 
 __all__ = ["Backend", "TrainerView"]
 

@@ -30,19 +30,19 @@ from spotlight.backends.protocol import TrainerView
 from spotlight.diffusion.sampler import Trajectory
 from spotlight.explore.candidates import exploration_sampling, score_latents
 from spotlight.explore.planner import Decision, ExplorePlan, round_budget
-from spotlight.models.generation import generate, images_of
-from spotlight.modes import Mode
 from spotlight.loop.rollout import group_requests, rollout_plan
-from spotlight.run_error import RunError
-from spotlight.runtime.spot.device import ComputeClock
-from spotlight.runtime.queue.request_queue import Request
-from spotlight.runtime.queue.remote import RemoteQueue
-from spotlight.runtime.queue.rounds import Round, results_in_order
-from spotlight.runtime.spot.cluster import ON_DEMAND, SpotCluster
-from spotlight.runtime.spot.usage import IterationMarks, iteration_usage
-from spotlight.runtime.spot.worker import model_from_weights, model_weights, worker_loop
 from spotlight.loop.seed_choice import Exploration, select_explored
 from spotlight.loop.streams import Stream, candidate_seeds, iteration_generator, iteration_prompts
+from spotlight.models.generation import generate, images_of
+from spotlight.modes import Mode
+from spotlight.run_error import RunError
+from spotlight.runtime.queue.remote import RemoteQueue
+from spotlight.runtime.queue.request_queue import Request
+from spotlight.runtime.queue.rounds import Round, results_in_order
+from spotlight.runtime.spot.cluster import ON_DEMAND, SpotCluster
+from spotlight.runtime.spot.device import ComputeClock
+from spotlight.runtime.spot.usage import IterationMarks, iteration_usage
+from spotlight.runtime.spot.worker import model_from_weights, model_weights, worker_loop
 
 __all__ = ["RayBackend"]
 

@@ -31,9 +31,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from spotlight.components.manifest import MANIFEST_FILE, fsync_dir, manifest_problem, write_manifest, write_text_durably
 from spotlight.models.policy import Policy
 from spotlight.models.rebuild import policy_from_description
-from spotlight.components.manifest import MANIFEST_FILE, fsync_dir, manifest_problem, write_manifest, write_text_durably
 
 logger = logging.getLogger(__name__)
 

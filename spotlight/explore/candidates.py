@@ -9,8 +9,7 @@ import torch
 from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.explore.planner import ExplorePlan
 from spotlight.models.generation import generate, images_of
-from spotlight.models.policy import to_images
-from spotlight.models.policy import Policy
+from spotlight.models.policy import Policy, to_images
 from spotlight.rewards.base import Reward, guarded_score
 
 

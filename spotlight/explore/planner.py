@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from spotlight.explore.planner_section import PlannerSection, Sampler
 
 __all__ = ["Decision", "ExplorationPlanner", "ExplorePlan", "PlannerSection", "plan_grid", "round_budget"]

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from spotlight.components.checkpoint import load_model
 from spotlight.models.pipelines.family_config import DiffusersPolicyConfig
 from spotlight.models.pipelines.folder import PipelineFolderError
 from spotlight.models.policy import Policy
 from spotlight.models.rebuild import policy_from_config
-from spotlight.components.checkpoint import load_model
 from spotlight.schema import ConfigError
 from spotlight.task_presets import get_task
 

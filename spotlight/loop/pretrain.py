@@ -15,11 +15,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from spotlight.components.checkpoint import load_model, save_model
 from spotlight.config import PretrainConfig, dump_config
 from spotlight.loop.evaluation import evaluate
 from spotlight.models.policy import Policy
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
-from spotlight.components.checkpoint import load_model, save_model
 from spotlight.schema import ConfigError
 from spotlight.task_presets import get_task
 

@@ -15,9 +15,9 @@ from spotlight.config import TrainConfig
 from spotlight.explore.candidates import exploration_sampling, score_candidates
 from spotlight.explore.planner import ExplorePlan
 from spotlight.explore.selection import select_seeds
+from spotlight.loop.rollout import rollout_plan
 from spotlight.models.loop_model import LoopModel
 from spotlight.rewards.base import Reward
-from spotlight.loop.rollout import rollout_plan
 
 __all__ = ["Exploration", "explore", "select_explored"]
 

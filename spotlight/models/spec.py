@@ -175,7 +175,8 @@ def _diffusers_step(policy: Policy, group: ProcessGroup | None, tokens: torch.Te
 def _diffusers_spec(kind: str, build: Callable[[DiffusersPolicyConfig], Policy]) -> ModelSpec:
     return ModelSpec(
         kind=kind, architecture=DIFFUSERS_ARCHITECTURE, build=build,
-        describe_config=lambda config: {"architecture": DIFFUSERS_ARCHITECTURE, "config": config.model_dump(mode="json")},
+        describe_config=lambda config: {"architecture": DIFFUSERS_ARCHITECTURE,
+                                        "config": config.model_dump(mode="json")},
         attention_heads=_diffusers_heads, latent_shape=_diffusers_latent_shape, check_sp=_diffusers_check_sp,
         on_weights=_diffusers_on_weights,
         prepare=_diffusers_prepare,

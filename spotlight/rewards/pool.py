@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from spotlight.rewards.base import Metadata, Reward, RewardError, RewardOutput, guarded_score
-from spotlight.rewards.server.client import shift_sample_index
 from spotlight.rewards.section import RewardSection
+from spotlight.rewards.server.client import shift_sample_index
 from spotlight.rewards.server.wire import decode_output, encode_output
 
 START_TIMEOUT_S = 300.0  # building a reward may load a large model

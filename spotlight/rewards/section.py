@@ -43,7 +43,8 @@ class RewardModelsSection(Section):
     # pickscore's processor (laion/CLIP-ViT-H-14-laion2B-s32B-b79K); null: the pickscore folder's own
     pickscore_processor: str | None = None
     detector: str | None = None  # geneval: an instance-segmentation model (Mask2Former) + its processor
-    # geneval: 'pkg.module:Class' with from_pretrained(folder) and detect(images) (spotlight/rewards/geneval/detection.py);
+    # geneval: 'pkg.module:Class' with from_pretrained(folder) and detect(images)
+    # (spotlight/rewards/geneval/detection.py);
     # null: transformers' Mask2FormerForUniversalSegmentation
     detector_class: str | None = None
     colour_clip: str | None = None  # geneval's colour classifier: a CLIPModel (ViT-L/14 in GenEval)

@@ -9,10 +9,10 @@ import torch
 
 from spotlight.config import TrainConfig, parse_config
 from spotlight.explore.planner import ExplorePlan
-from spotlight.trainer import Trainer
-from spotlight.rewards.base import RewardOutput
 from spotlight.loop.seed_choice import explore
 from spotlight.loop.streams import Stream, candidate_seeds, iteration_generator, iteration_prompts
+from spotlight.rewards.base import RewardOutput
+from spotlight.trainer import Trainer
 
 
 class Brightness:

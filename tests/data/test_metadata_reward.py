@@ -14,10 +14,10 @@ import torch
 from spotlight.config import TrainConfig, parse_config
 from spotlight.data import DatasetError, PromptDataset
 from spotlight.data.metadata_reward import bind_metadata
-from spotlight.trainer import Trainer
 from spotlight.rewards.base import RewardOutput, guarded_score
 from spotlight.rewards.geneval.reward import GenEvalReward
 from spotlight.task_presets import get_task
+from spotlight.trainer import Trainer
 
 
 class BrightnessByRecord:

@@ -7,8 +7,8 @@ import json
 import sys
 
 from spotlight.config import TrainConfig, load_config
-from spotlight.trainer import train
 from spotlight.runtime.spot.pools import LocalCluster
+from spotlight.trainer import train
 
 if __name__ == "__main__":
     cluster = LocalCluster()  # lent to every run: each starts only its own actors

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from spotlight.disagg.versions import VersionGate
 from spotlight.disagg.runtime.queue import Task, UnitQueue
+from spotlight.disagg.versions import VersionGate
 
 
 def units(step: int, count: int) -> list[Task]:

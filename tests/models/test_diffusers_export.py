@@ -8,13 +8,13 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from spotlight.models.pipelines.adapter import DiffusersPolicy
-from spotlight.models.pipelines.family_config import DiffusersPolicyConfig
-from spotlight.models.pipelines.export import DIFFUSERS_LORA_FILE, save_transformer_folder
-from spotlight.models.pipelines.inputs import PromptEmbeddings, transformer_velocity
-from spotlight.models.pipelines.tiny import FAMILIES, save_tiny_pipeline
 from spotlight.components.checkpoint import checkpoint_problem, replace_model, save_training_checkpoint
 from spotlight.components.manifest import MANIFEST_FILE
+from spotlight.models.pipelines.adapter import DiffusersPolicy
+from spotlight.models.pipelines.export import DIFFUSERS_LORA_FILE, save_transformer_folder
+from spotlight.models.pipelines.family_config import DiffusersPolicyConfig
+from spotlight.models.pipelines.inputs import PromptEmbeddings, transformer_velocity
+from spotlight.models.pipelines.tiny import FAMILIES, save_tiny_pipeline
 
 LATENT = 16  # the tiny pipelines' 32-pixel images
 

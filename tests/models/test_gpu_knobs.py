@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from spotlight.config import TrainConfig, load_config
-from spotlight.trainer import train
 from spotlight.models.pipelines.family_config import DiffusersPolicyConfig
 from spotlight.models.pipelines.policy import PipelinePolicy
 from spotlight.models.rebuild import policy_from_config
 from spotlight.run_error import RunError
+from spotlight.trainer import train
 
 SMALL = ["rollout.resolution=32", "rollout.prompts_per_iteration=2", "rollout.group_size=2", "rollout.num_steps=2",
          "rollout.sde_steps=null", "train.num_minibatches=1", "train.num_epochs=1", "eval.seeds_per_prompt=1",

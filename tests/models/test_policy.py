@@ -6,8 +6,8 @@ import pytest
 import torch
 from random_models import TINY_SHAPES_CONFIG, randomised_tinydit
 
-from spotlight.models.generation import prompt_tokens
 from spotlight.models.attention import sdpa_attention
+from spotlight.models.generation import prompt_tokens
 from spotlight.models.pipelines.adapter import DiffusersPolicy
 from spotlight.models.pipelines.family_config import DiffusersPolicyConfig
 from spotlight.models.policy import Policy

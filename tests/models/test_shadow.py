@@ -10,13 +10,13 @@ import torch
 from safetensors.torch import load_file
 
 from spotlight.config import TrainConfig, parse_config
+from spotlight.loop.pretrain import update_ema
 from spotlight.models.pipelines.adapter import DiffusersPolicy
 from spotlight.models.policy_section import PolicySection
 from spotlight.models.rebuild import policy_from_config
 from spotlight.models.shadow import LoraShadow, frozen_base, frozen_copy
-from spotlight.trainer import Trainer
-from spotlight.loop.pretrain import update_ema
 from spotlight.tasks.shapes import VOCAB
+from spotlight.trainer import Trainer
 
 
 def toy_policy(family: str = "flux") -> DiffusersPolicy:

@@ -19,11 +19,11 @@ from brightness_reward import Brightness
 from spotlight.config import TrainConfig, parse_config
 from spotlight.loop.rollout import group_requests, rollout_plan
 from spotlight.loop.streams import iteration_prompts
-from spotlight.trainer import Trainer
 from spotlight.models.generation import generate
 from spotlight.ranks.placement import placement_error, process_group_backend
 from spotlight.ranks.rollout import concat_outputs, prompt_shares
 from spotlight.rewards.base import RewardOutput
+from spotlight.trainer import Trainer
 
 
 def test_prompt_shares_cover_every_prompt_once_in_order_and_never_split_a_group() -> None:

@@ -22,9 +22,9 @@ import torch
 import yaml
 from brightness_reward import Brightness
 
+from spotlight.components.checkpoint import latest_checkpoint, load_model_state
 from spotlight.config import TrainConfig, parse_config
 from spotlight.trainer import train
-from spotlight.components.checkpoint import latest_checkpoint, load_model_state
 
 # Ray starts a local cluster and a rank actor per run: end-to-end, so marked slow (they still run in CI)
 pytestmark = [pytest.mark.slow,

@@ -14,16 +14,16 @@ import torch
 from typer.testing import CliRunner
 
 from spotlight.cli import app
+from spotlight.cli_serve import served_reward
 from spotlight.config import TrainConfig, parse_config
-from spotlight.trainer import train
 from spotlight.rewards.base import RewardError, guarded_score
-from spotlight.rewards.server.client import HTTPReward
 from spotlight.rewards.registry import build_reward
 from spotlight.rewards.section import RewardSection
-from spotlight.cli_serve import served_reward
+from spotlight.rewards.server.client import HTTPReward
 from spotlight.rewards.server.server import RewardServer
 from spotlight.rewards.server.supervisor import free_port
 from spotlight.task_presets import get_task
+from spotlight.trainer import train
 
 HERE = Path(__file__).resolve().parent
 
@@ -146,8 +146,8 @@ def test_the_supervisor_serves_a_config_reward_given_serve_args(monkeypatch):
 
 @pytest.mark.slow
 def test_a_run_with_overlap_scores_in_the_worker_and_learns_what_a_run_without_it_learns(tiny_base_model, tmp_path):
-    from spotlight.trainer import Trainer
     from spotlight.rewards.pool import PooledReward
+    from spotlight.trainer import Trainer
 
     runs = {}
     for overlap in (False, True):

@@ -10,7 +10,6 @@ import pytest
 import torch
 from random_models import randomised_tinydit
 
-from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
 from spotlight.components.checkpoint import (
     MODEL_CONFIG_FILE,
     MODEL_FILE,
@@ -23,6 +22,7 @@ from spotlight.components.checkpoint import (
     save_training_checkpoint,
 )
 from spotlight.components.manifest import write_manifest
+from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
 
 CONFIG = TinyDiTConfig(image_size=8, in_channels=3, patch_size=4, dim=32, depth=1, num_heads=2, vocab_size=16,
                        max_text_len=4)

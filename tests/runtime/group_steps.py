@@ -7,8 +7,8 @@ import torch
 from spotlight.diffusion.noise import initial_latents
 from spotlight.models.generation import generate
 from spotlight.models.policy import Policy
-from spotlight.runtime.sp.agent import NodeAgent
 from spotlight.runtime.queue.request_queue import Request
+from spotlight.runtime.sp.agent import NodeAgent
 
 
 def denoise_on_group(

@@ -18,8 +18,8 @@ from random_models import randomised_tinydit
 
 from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
-from spotlight.runtime.sp.agent import AgentError, GroupBroken, NodeAgent
 from spotlight.runtime.queue.request_queue import Request, RequestQueue
+from spotlight.runtime.sp.agent import AgentError, GroupBroken, NodeAgent
 from spotlight.runtime.sp.reconfigure import plan_groups
 from spotlight.tasks import text
 

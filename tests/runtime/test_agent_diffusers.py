@@ -17,14 +17,14 @@ import pytest
 import torch
 from group_steps import denoise_on_group, single_device
 
-from spotlight.loop.base_policy import build_policy
 from spotlight.config import TrainConfig, load_config
 from spotlight.diffusion.sampler import SamplingPlan
+from spotlight.loop.base_policy import build_policy
 from spotlight.models.pipelines.adapter import DiffusersPolicy
-from spotlight.runtime.sp.agent import NodeAgent
-from spotlight.runtime.queue.request_queue import Request, RequestQueue
-from spotlight.runtime.sp.reconfigure import plan_groups
 from spotlight.models.spec import attention_heads, check_sp_policy
+from spotlight.runtime.queue.request_queue import Request, RequestQueue
+from spotlight.runtime.sp.agent import NodeAgent
+from spotlight.runtime.sp.reconfigure import plan_groups
 
 CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "qwen-image-tiny-lora.yaml"
 PLAN = SamplingPlan(num_steps=4, shift=3.0, sampler="sde", noise_level=0.7)

@@ -15,8 +15,8 @@ import ray
 from metadata_services import AwsImdsPerNode, FakeMetadata, iso
 
 from spotlight.config import TrainConfig, parse_config
-from spotlight.trainer import Trainer
 from spotlight.runtime.spot.ray_nodes import start_node
+from spotlight.trainer import Trainer
 
 NOTICE_S = 120.0  # what AWS gives a spot instance
 TIME_SCALE = 1 / 40  # the test plays those 120 s in 3 s

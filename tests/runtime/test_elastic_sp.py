@@ -22,10 +22,10 @@ from local_ray_node import local_ray
 
 from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.models.tinydit import TinyDiTConfig
+from spotlight.runtime.queue.remote import RemoteQueue, start_queue_actor
+from spotlight.runtime.queue.request_queue import Request
 from spotlight.runtime.sp.agent import ServeReport
 from spotlight.runtime.sp.elastic import ElasticSP, ElasticSPSettings, serve_until_drained
-from spotlight.runtime.queue.request_queue import Request
-from spotlight.runtime.queue.remote import RemoteQueue, start_queue_actor
 from spotlight.runtime.sp.reconfigure import SPGroup
 
 CONFIG = TinyDiTConfig(image_size=16, patch_size=4, dim=32, depth=1, num_heads=4)

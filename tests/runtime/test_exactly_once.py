@@ -30,10 +30,10 @@ import torch
 from local_ray_node import local_ray
 from test_worker import reference  # the fault-free path, shared with the worker's tests
 
-from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.components.checkpoint import load_model
-from spotlight.runtime.queue.request_queue import Request
+from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.runtime.queue.remote import start_queue_actor
+from spotlight.runtime.queue.request_queue import Request
 from spotlight.runtime.spot.worker import DenoiseWorker, WorkerReport, WorkerSettings, model_weights
 from spotlight.tasks.shapes import all_prompts
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import threading
 
 from spotlight.market.traces import Availability, NodeEvent
+from spotlight.runtime.spot.cluster import SpotCluster
 from spotlight.runtime.spot.events import EventLog
 from spotlight.runtime.spot.pools import PoolError
 from spotlight.runtime.spot.preemption import TraceReplay
-from spotlight.runtime.spot.cluster import SpotCluster
 
 
 class Nodes:

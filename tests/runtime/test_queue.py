@@ -10,8 +10,8 @@ import torch
 from local_ray_node import local_ray
 
 from spotlight.diffusion.sampler import SamplingPlan
-from spotlight.runtime.queue.request_queue import QueueError, Request, RequestQueue
 from spotlight.runtime.queue.remote import RemoteQueue, start_queue_actor
+from spotlight.runtime.queue.request_queue import QueueError, Request, RequestQueue
 
 PLAN = SamplingPlan(num_steps=4)
 TIMEOUT_S = 10.0

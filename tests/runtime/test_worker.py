@@ -17,12 +17,12 @@ import ray
 import torch
 from local_ray_node import local_ray
 
+from spotlight.components.checkpoint import load_model
 from spotlight.diffusion.sampler import SamplingPlan, sample
 from spotlight.models.generation import prompt_tokens, velocity_fn
 from spotlight.models.tinydit import TinyDiT
-from spotlight.components.checkpoint import load_model
-from spotlight.runtime.queue.request_queue import Request, RequestQueue
 from spotlight.runtime.queue.remote import start_queue_actor
+from spotlight.runtime.queue.request_queue import Request, RequestQueue
 from spotlight.runtime.spot.worker import (
     DenoiseWorker,
     WorkerConfigError,

@@ -4,9 +4,9 @@ import torch
 from spotlight.config import TrainConfig
 from spotlight.models.generation import prompt_tokens
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig, sincos_2d
-from spotlight.trainer import RunError, Trainer
-from spotlight.tasks import text
 from spotlight.task_presets import TASKS, get_task, task_of
+from spotlight.tasks import text
+from spotlight.trainer import RunError, Trainer
 
 
 def ocr_model() -> TinyDiT:

@@ -1,1 +1,4 @@
-"""The disaggregated mode's Ray side: the generator actors and the sample queue (its backend is `spotlight.backends.disaggregated`)."""
+"""The disaggregated mode's Ray side: the generator actors and the sample queue.
+
+Its backend is `spotlight.backends.disaggregated`.
+"""

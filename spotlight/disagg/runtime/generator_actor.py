@@ -21,15 +21,14 @@ from typing import Any
 import ray
 import torch
 
+from spotlight.cores import pin_process
 from spotlight.disagg.generators import ScoreFn, generate_fragment
+from spotlight.disagg.runtime.queue import Task
 from spotlight.disagg.samples import ScoredSample
 from spotlight.explore.candidates import score_latents
 from spotlight.models.generation import generate, images_of, prompt_tokens
-from spotlight.models.policy import to_images
-from spotlight.models.policy import Policy
+from spotlight.models.policy import Policy, to_images
 from spotlight.rewards.base import Reward, guarded_score
-from spotlight.cores import pin_process
-from spotlight.disagg.runtime.queue import Task
 from spotlight.runtime.spot.worker import model_from_weights
 
 __all__ = ["GeneratorDevice", "run_task", "unit_scorer", "with_strict"]

@@ -59,8 +59,8 @@ from safetensors.torch import save_file
 from spotlight.models.attention import AttentionFn
 from spotlight.models.pipelines.family_config import DiffusersPolicyConfig, Family
 from spotlight.models.pipelines.inputs import PromptEmbeddings, latent_channels, transformer_velocity
-from spotlight.models.pipelines.loading import DiffusersLoadError, build_tiny_transformer, load_transformer
 from spotlight.models.pipelines.joint_attention import JointAttentionProcessor
+from spotlight.models.pipelines.loading import DiffusersLoadError, build_tiny_transformer, load_transformer
 from spotlight.models.pipelines.text_encoder import TokenTextEncoder
 from spotlight.models.policy import to_images
 from spotlight.task_presets import get_task

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from spotlight.models.pipelines.loading import quiet_loading
 from spotlight.models.pipelines.folder import PipelineFolder
+from spotlight.models.pipelines.loading import quiet_loading
 
 __all__ = ["LatentDecoder"]
 

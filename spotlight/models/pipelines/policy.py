@@ -28,11 +28,11 @@ import torch
 
 from spotlight.models.pipelines.adapter import DiffusersPolicy
 from spotlight.models.pipelines.family_config import DiffusersPolicyConfig
-from spotlight.models.pipelines.inputs import PromptEmbeddings, transformer_velocity
-from spotlight.models.pipelines.loading import load_transformer
-from spotlight.models.pipelines.guidance import guided_velocity, uses_true_cfg
-from spotlight.models.pipelines.latent_decoder import LatentDecoder
 from spotlight.models.pipelines.folder import PipelineFolder, ScheduleParams, read_pipeline_folder
+from spotlight.models.pipelines.guidance import guided_velocity, uses_true_cfg
+from spotlight.models.pipelines.inputs import PromptEmbeddings, transformer_velocity
+from spotlight.models.pipelines.latent_decoder import LatentDecoder
+from spotlight.models.pipelines.loading import load_transformer
 from spotlight.models.pipelines.prompts import PromptBatch, PromptCache
 
 __all__ = ["PipelinePolicy"]

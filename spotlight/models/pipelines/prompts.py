@@ -42,9 +42,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from spotlight.models.pipelines.folder import PipelineFolder
 from spotlight.models.pipelines.inputs import PromptEmbeddings
 from spotlight.models.pipelines.loading import quiet_loading
-from spotlight.models.pipelines.folder import PipelineFolder
 
 __all__ = ["DEFAULT_MAX_SEQUENCE_LENGTH", "PromptBatch", "PromptCache", "bind_prompts", "prompt_id", "stack_rows"]
 

@@ -14,8 +14,8 @@ import torch
 from PIL import Image
 
 from spotlight.rewards.base import Metadata, RewardOutput
-from spotlight.rewards.geneval.detection import Detector, detections_in, load_detector
 from spotlight.rewards.geneval.colour import CLIPColourClassifier
+from spotlight.rewards.geneval.detection import Detector, detections_in, load_detector
 from spotlight.rewards.geneval.rules import check_metadata, judge, kept_objects
 from spotlight.rewards.section import RewardModelsSection
 

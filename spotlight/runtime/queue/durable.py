@@ -34,7 +34,6 @@ from typing import Any, TypeVar
 import ray
 import torch
 
-from spotlight.runtime.queue.request_queue import QueueError, QueueStats, RequestQueue, _Entry
 from spotlight.runtime.queue.log import (
     QueueLog,
     decode_request,
@@ -43,6 +42,7 @@ from spotlight.runtime.queue.log import (
     encode_tensor,
     read_log,
 )
+from spotlight.runtime.queue.request_queue import QueueError, QueueStats, RequestQueue, _Entry
 
 __all__ = ["DurableQueue", "DurableQueueActor", "start_durable_queue_actor"]
 

@@ -38,11 +38,11 @@ import torch.distributed as dist
 
 from spotlight.diffusion.noise import initial_latents
 from spotlight.models.rebuild import ModelConfig, config_from_description, describe_config
-from spotlight.runtime.spot.device_processes import AgentError, DeviceProcesses, GroupBroken
-from spotlight.runtime.queue.request_queue import Request
-from spotlight.runtime.queue.remote import QueueClient, RemoteQueue
-from spotlight.runtime.sp.reconfigure import SPGroup, device_id, node_of
 from spotlight.models.spec import latent_shape_of
+from spotlight.runtime.queue.remote import QueueClient, RemoteQueue
+from spotlight.runtime.queue.request_queue import Request
+from spotlight.runtime.sp.reconfigure import SPGroup, device_id, node_of
+from spotlight.runtime.spot.device_processes import AgentError, DeviceProcesses, GroupBroken
 from spotlight.task_presets import get_task
 
 __all__ = ["AgentError", "GroupBroken", "NodeAgent", "NodeAgentActor", "ServeReport"]

@@ -25,10 +25,10 @@ from typing import Any, Protocol
 import ray
 
 from spotlight.models.rebuild import ModelConfig, describe_config
-from spotlight.runtime.sp.agent import ServeReport
-from spotlight.runtime.spot.preemption import TraceReplay
-from spotlight.runtime.sp.reconfigure import PlanDiff, SPGroup, plan_groups
 from spotlight.models.spec import attention_heads
+from spotlight.runtime.sp.agent import ServeReport
+from spotlight.runtime.sp.reconfigure import PlanDiff, SPGroup, plan_groups
+from spotlight.runtime.spot.preemption import TraceReplay
 
 __all__ = ["ElasticSP", "ElasticSPReport", "ElasticSPSettings", "NodeProvider", "run_elastic_sp", "serve_until_drained"]
 

@@ -9,12 +9,12 @@ from typing import Any
 
 import ray
 
+from spotlight.models.spec import check_sp_policy
 from spotlight.run_error import RunError
+from spotlight.runtime.section import RuntimeSection
 from spotlight.runtime.sp.elastic import ElasticSP, ElasticSPSettings
 from spotlight.runtime.spot.local_nodes import LocalSpotNodes
 from spotlight.runtime.spot.pools import PoolError
-from spotlight.runtime.section import RuntimeSection
-from spotlight.models.spec import check_sp_policy
 from spotlight.runtime.spot.worker import model_weights
 
 __all__ = ["start_elastic_sp"]

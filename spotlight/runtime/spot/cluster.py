@@ -35,15 +35,15 @@ from spotlight.market.prices import default_prices
 from spotlight.market.traces import Availability, resolve_trace
 from spotlight.modes import Mode
 from spotlight.run_error import RunError
-from spotlight.runtime.spot.attached import AttachedSpotNodes
-from spotlight.runtime.sp.elastic import ElasticSP
-from spotlight.runtime.spot.events import EventLog
-from spotlight.runtime.spot.pools import CallResult, LocalCluster, PoolError, SpotPool, attach_cluster
-from spotlight.runtime.spot.preemption import TraceReplay
 from spotlight.runtime.queue.durable import start_durable_queue_actor
 from spotlight.runtime.queue.rounds import Round
 from spotlight.runtime.section import RuntimeSection
+from spotlight.runtime.sp.elastic import ElasticSP
 from spotlight.runtime.sp.groups import start_elastic_sp
+from spotlight.runtime.spot.attached import AttachedSpotNodes
+from spotlight.runtime.spot.events import EventLog
+from spotlight.runtime.spot.pools import CallResult, LocalCluster, PoolError, SpotPool, attach_cluster
+from spotlight.runtime.spot.preemption import TraceReplay
 from spotlight.runtime.spot.usage import run_totals
 from spotlight.runtime.spot.watchers import WatchSettings
 from spotlight.runtime.spot.worker import WorkerSettings

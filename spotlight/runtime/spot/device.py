@@ -25,10 +25,10 @@ import numpy as np
 import ray
 import torch
 
+from spotlight.cores import pin_process
 from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.models.generation import generate
 from spotlight.models.rebuild import ModelConfig
-from spotlight.cores import pin_process
 from spotlight.runtime.queue.remote import RemoteQueue
 from spotlight.runtime.spot.worker import WorkerReport, WorkerSettings, model_from_weights, worker_loop
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch.multiprocessing as mp
 
-from spotlight.runtime.sp.reconfigure import device_id
 from spotlight.runtime.sp.process import device_process_main
+from spotlight.runtime.sp.reconfigure import device_id
 
 __all__ = ["AgentError", "DeviceProcess", "DeviceProcesses", "GroupBroken"]
 

@@ -30,8 +30,8 @@ import ray._private.ray_constants as ray_constants
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from spotlight.market.billing import DeviceLedger
 from spotlight.cores import spawning_on
+from spotlight.market.billing import DeviceLedger
 from spotlight.runtime.spot.device import DeviceCall, SpotDevice
 from spotlight.runtime.spot.events import EventLog
 from spotlight.runtime.spot.ray_nodes import NodeStartError, start_node

@@ -39,11 +39,11 @@ import torch
 from spotlight.diffusion.noise import initial_latents
 from spotlight.diffusion.sampler import SamplingPlan, VelocityFn, sample
 from spotlight.models.generation import prompt_tokens
-from spotlight.models.policy import Policy
 from spotlight.models.lora_merge import sampling_weights
+from spotlight.models.policy import Policy
 from spotlight.models.rebuild import ModelConfig, policy_from_config
-from spotlight.runtime.queue.request_queue import Lease
 from spotlight.runtime.queue.remote import QueueClient, RemoteQueue
+from spotlight.runtime.queue.request_queue import Lease
 
 __all__ = [
     "DenoiseWorker",
