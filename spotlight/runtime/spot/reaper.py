@@ -12,8 +12,9 @@ however (SIGKILL included). Until then it notes, every `WATCH_S`, the driver's c
 line names the cluster's Ray session (``session_<date>_<pid>``: GCS, raylets, dashboard) and their
 descendants (agents and workers, which rename themselves ``ray::...``). At the end it SIGKILLs those
 (checked by start time, so a reused pid is spared) and whatever names the session now, with their
-descendants, pass after pass until none is left, and exits: nothing else on the machine is touched. It imports only the
-standard library (``-I``: no site packages, no PYTHONPATH), so it starts in milliseconds, and it
+descendants, and orphans re-parented to PID 1 that hold the session's files open, pass after pass until
+none is left, and exits: nothing else on the machine is touched. It imports only the standard library
+(``-I``: no site packages, no PYTHONPATH), so it starts in milliseconds, and it
 ignores SIGINT and SIGTERM, which reach it with the driver's process group (Ctrl-C), so that it
 outlives the driver it watches.
 """
@@ -55,6 +56,22 @@ def _names_session(pid: int, needle: bytes) -> bool:
         return False
 
 
+def _holds_session_files(pid: int, needle: str) -> bool:
+    """Whether ``pid`` has a file of the session open (its logs): how an agent whose raylet died as it forked
+    it is found, renamed ``ray::...`` and re-parented to PID 1 with nothing on its command line to name it."""
+    try:
+        descriptors = os.listdir(PROC / str(pid) / "fd")
+    except OSError:
+        return False
+    for descriptor in descriptors:
+        try:
+            if needle in os.readlink(PROC / str(pid) / "fd" / descriptor):
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def session_tree(session_name: str, parent: int | None = None) -> dict[int, int]:
     """{pid: start time} of the session's processes and all their descendants.
 
@@ -66,6 +83,9 @@ def session_tree(session_name: str, parent: int | None = None) -> dict[int, int]
     needle = session_name.encode()
     roots = [pid for pid, (ppid, _) in table.items() if (parent is None or ppid == parent)
              and pid != os.getpid() and _names_session(pid, needle)]
+    if parent is None:  # at the end: orphans of the session too (module docstring), found by their open files
+        roots += [pid for pid, (ppid, _) in table.items() if ppid == 1 and pid != os.getpid()
+                  and pid not in roots and _holds_session_files(pid, session_name)]
     children: dict[int, list[int]] = {}
     for pid, (ppid, _) in table.items():
         children.setdefault(ppid, []).append(pid)
