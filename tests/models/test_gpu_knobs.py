@@ -29,10 +29,6 @@ def test_a_cuda_trainer_is_not_pinned_to_one_core() -> None:
 
 
 def test_model_compile_builds_and_runs_a_forward(tiny_pipeline) -> None:
-    try:
-        torch.compile(lambda x: x + 1)(torch.zeros(1))
-    except Exception as error:  # noqa: BLE001 - a torch without a working compiler here: say which
-        pytest.skip(f"torch.compile does not work on this machine ({type(error).__name__}: {error})")
     config = DiffusersPolicyConfig(family="sd3", pretrained=str(tiny_pipeline("sd3")), pipeline=True,
                                    resolution=(32, 32), dtype="float32", guidance_scale=1.0, compile=True,
                                    max_sequence_length=16)
