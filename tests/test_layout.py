@@ -95,7 +95,7 @@ def crowded_folders(root: Path = PACKAGE_ROOT, limit: int = MAX_MODULES_PER_FOLD
     counts = {folder: sum(1 for f in folder.glob("*.py") if f.name != "__init__.py")
               for folder in [root, *sorted(p for p in root.rglob("*") if p.is_dir() and p.name != "__pycache__")]}
     return {str(folder.relative_to(root.parent)): n for folder, n in counts.items()
-            if n > limit and folder != root}
+            if n > limit}
 
 
 def test_folders_import_one_way() -> None:

@@ -21,13 +21,13 @@ from spotlight.models.policy import Policy
 
 
 def prompt_tokens(model: Policy, prompts: Sequence[str], guided: bool = True) -> torch.Tensor:
-    """The conditioning rows (B, L) int64 of ``prompts`` for ``model``: its own ``tokenize`` (a pipeline's
-    prompt ids; ``guided`` False asks for the CFG-free velocity), else its task's token ids."""
+    """The conditioning rows (B, L) int64 of ``prompts`` for ``model`` (``Policy.tokenize``: a pipeline's prompt
+    ids, ``guided`` False asking for the CFG-free velocity; a pixel-space policy's task token ids)."""
     return model.tokenize(prompts, guided)
 
 
 def images_of(model: Policy, latents: torch.Tensor) -> torch.Tensor:
-    """What the reward sees: images (B, 3, H, W) in [0, 1] of sampled latents (a pipeline's VAE, else `to_images`)."""
+    """What the reward sees: images (B, 3, H, W) in [0, 1] of sampled latents (``Policy.decode_images``)."""
     return model.decode_images(latents)
 
 

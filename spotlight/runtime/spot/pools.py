@@ -115,9 +115,8 @@ class LocalCluster:
         atexit.register(self.shutdown)
         # atexit does not run on SIGKILL, and spot nodes lack the head's parent-death signal: the reaper
         # process kills the session's processes when this one ends, however (runtime/spot/reaper.py)
-        with spawning_on(control_cores):  # the reaper, like Ray's processes, keeps off the trainer's core
+        with spawning_on(control_cores):  # the reaper and the driver's Ray threads (gRPC, object transfers) too
             self._reaper = Reaper(self.cluster.head_node.session_name)
-        with spawning_on(control_cores):  # the driver's Ray threads (gRPC, object transfers) too
             ray.init(address=self.cluster.address, **{k: v for k, v in kwargs.items() if k != "include_dashboard"})
         self._nodes: dict[str, Any] = {}
 
