@@ -42,13 +42,7 @@ import torch
 
 from spotlight.backends import TrainerView, check_backend, open_backend
 from spotlight.backends.disaggregated_stream import GroupStream
-from spotlight.components.checkpoint import (
-    latest_checkpoint,
-    load_model_state,
-    load_training_state,
-    replace_model,
-    save_training_checkpoint,
-)
+from spotlight.components.checkpoint import latest_checkpoint, load_model_state, load_training_state, replace_model
 from spotlight.components.fingerprint import record_model
 from spotlight.components.guard import GuardVerdict, RunGuard
 from spotlight.components.manifest import write_text_durably
@@ -65,7 +59,7 @@ from spotlight.explore.fidelity import preview_fidelity
 from spotlight.explore.planner import ExplorationPlanner, PlannerSection
 from spotlight.explore.staleness import StalenessMonitor
 from spotlight.loop.base_policy import build_policy
-from spotlight.loop.evaluation import evaluate, score_name, validation_subset
+from spotlight.loop.evaluation import describe_score, evaluate, validated, validation_score, validation_subset
 from spotlight.loop.policy_versions import PolicyVersions
 from spotlight.loop.rollout import Rollout, rollout_plan, score_rollout
 from spotlight.loop.seed_choice import Exploration
@@ -82,7 +76,7 @@ from spotlight.rl.rollout_update import build_optimizer, rollout_update
 from spotlight.run_error import RunError
 from spotlight.task_presets import get_task, task_of
 
-__all__ = ["RunError", "RunSummary", "Trainer", "build_optimizer", "planner_config", "train"]
+__all__ = ["RunError", "RunSummary", "Trainer", "build_optimizer", "describe_score", "planner_config", "train"]
 
 GRID_SEEDS = 4  # columns of the validation sample grid: the first seeds of each shown prompt
 
@@ -94,21 +88,6 @@ def planner_config(config: TrainConfig) -> PlannerSection | None:
     if config.explore.planner is not None:
         return config.explore.planner
     return config.runtime.planner if config.uses_ray and config.mode.explores else None
-
-
-def validation_score(record: dict[str, Any]) -> float:
-    """What picks the best validation: strict accuracy, or the mean reward of a reward without a strict flag."""
-    return record.get("val/score", record["val/strict_accuracy"])
-
-
-def validated(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The records of a run's history that carry a validation."""
-    return [record for record in history if "val/strict_accuracy" in record]
-
-
-def describe_score(record: dict[str, Any]) -> str:
-    """``val strict accuracy 0.412`` (or ``val mean reward 0.731`` for a reward without a strict flag)."""
-    return f"val {score_name(record)} {validation_score(record):.3f}"
 
 
 @dataclass
@@ -155,7 +134,15 @@ class Trainer:
             if config.trainer.devices > 1:
                 self.ranks = TrainerRanks(config, self.model, self.optimizer,
                                          None if reward is None else self.reward)
-                self.ranks.synchronise()
+                if self.ranks.versions is None:
+                    self.ranks.synchronise()
+                else:  # fsdp: θ and its versions sharded over the ranks, from the start or the checkpoint
+                    self.versions, self.optimizer = self.ranks.versions, self.ranks.optimizer
+                    if resume:
+                        checkpoint, state = self.restored_from
+                        self.versions.restore(checkpoint, self.optimizer, state)
+                    else:
+                        self.versions.start_from(self.sampler.broadcast_state())
         except BaseException:
             try:
                 if getattr(self, "backend", None) is not None and getattr(self, "ranks", None) is None:
@@ -183,7 +170,8 @@ class Trainer:
                            f"but task is {config.task!r}: set task to {task_of(model).name!r} or pick "
                            f"a {config.task!r} model")
         # θ and its sampling, previous, reference and EMA versions (shared base, LoRA deltas)
-        self.versions = PolicyVersions.of(model, config.train)
+        sharded = config.trainer.devices > 1 and config.trainer.sharding == "fsdp"  # versions made by the ranks
+        self.versions = PolicyVersions.sampling_only(model) if sharded else PolicyVersions.of(model, config.train)
         self.optimizer = build_optimizer(self.model, config.train)
         self.grouped = GroupedUpdate(self.model, self.reference, self.optimizer, config.train, config.seed,
                                      config.disagg.tsp, VersionGate(config.disagg.async_one_step))
@@ -211,8 +199,9 @@ class Trainer:
         if checkpoint is None:
             raise RunError(f"--resume: {self.run_dir} has no checkpoint yet; run without --resume to start it")
         state = load_training_state(checkpoint)
-        self.versions.load(load_model_state(checkpoint), state.ema, state.extra)
-        self.optimizer.load_state_dict(state.optimizer)
+        self.restored_from = checkpoint, state  # fsdp: the ranks restore their versions once they have joined
+        if self.config.trainer.devices == 1 or self.config.trainer.sharding != "fsdp":
+            self.versions.restore(checkpoint, self.optimizer, state)
         self.monitor.load_state_dict(state.extra["monitor"])
         if "guard" in state.extra:
             self.guard.load_state_dict(state.extra["guard"])
@@ -263,24 +252,27 @@ class Trainer:
         a user ships).
         """
         section = self.config.eval
-        result = evaluate(self.eval_model, self.val_prompts, self.reward, section.seeds_per_prompt,
-                          section.num_steps, self.config.rollout.shift, self.dataset.kind_of,
-                          rollout_plan(self.config))
-        columns = min(section.seeds_per_prompt, GRID_SEEDS)
-        shown = [p * section.seeds_per_prompt + s for p in range(section.grid_prompts) for s in range(columns)]
-        shown = [index for index in shown if index < len(result.prompts)]
-        save_grid(result.images[shown], [result.prompts[i] for i in shown],
-                  self.run_dir / "samples" / f"iter-{iteration:05d}.png", columns=columns)
+        with self.versions.evaluating() as evaluated:  # fsdp: the EMA gathered into the whole sampler
+            result = self._evaluate(evaluated)
+            columns = min(section.seeds_per_prompt, GRID_SEEDS)
+            shown = [p * section.seeds_per_prompt + s for p in range(section.grid_prompts) for s in range(columns)]
+            shown = [index for index in shown if index < len(result.prompts)]
+            save_grid(result.images[shown], [result.prompts[i] for i in shown],
+                      self.run_dir / "samples" / f"iter-{iteration:05d}.png", columns=columns)
+            if result.score > self.best_accuracy:  # strict accuracy, or the mean of a reward without one
+                self.best_accuracy = result.score
+                replace_model(self.run_dir / "checkpoints" / "best", evaluated,
+                              {"iteration": iteration, "val/strict_accuracy": self.best_accuracy})
         metrics = result.metrics()
         if section.raw_model and self.ema is not None:
-            raw = evaluate(self.model, self.val_prompts, self.reward, section.seeds_per_prompt, section.num_steps,
-                           self.config.rollout.shift, self.dataset.kind_of, rollout_plan(self.config))
-            metrics.update(raw.metrics(prefix="val_raw"))
-        if result.score > self.best_accuracy:  # strict accuracy, or the mean of a reward without one
-            self.best_accuracy = result.score
-            replace_model(self.run_dir / "checkpoints" / "best", self.eval_model,
-                          {"iteration": iteration, "val/strict_accuracy": self.best_accuracy})
+            with self.versions.evaluating(raw=True) as raw:
+                metrics.update(self._evaluate(raw).metrics(prefix="val_raw"))
         return metrics
+
+    def _evaluate(self, model: LoopModel) -> Any:
+        section = self.config.eval
+        return evaluate(model, self.val_prompts, self.reward, section.seeds_per_prompt, section.num_steps,
+                        self.config.rollout.shift, self.dataset.kind_of, rollout_plan(self.config))
 
     def run(self, on_iteration: Callable[[int, dict[str, Any]], None] | None = None,
             max_wall_s: float | None = None) -> RunSummary:
@@ -398,7 +390,7 @@ class Trainer:
                 samples = self.backend.rollout(iteration, part_prompts, part_seeds)  # with any spot devices
                 return samples, score_share(self.model, part_prompts, part_seeds, samples, self.reward)
 
-            trailing = self.sampler.broadcast_state() if self.versions.sampler_trails else None
+            trailing = self.sampler.broadcast_state() if self.versions.ships_sampler else None
             samples, rewards = self.ranks.rollout(iteration, prompts, seeds, trailing, here)
             return score_rollout(self.model, prompts, seeds, samples, self.config, self.reward, rewards)
         started = time.perf_counter()
@@ -461,8 +453,8 @@ class Trainer:
         """Write the checkpoint after ``done`` iterations: weights, optimizer, EMA and the loop's state."""
         started = time.perf_counter()  # a stop signal keeps back twice this of its grace
         try:
-            save_training_checkpoint(self.run_dir, done, self.model, self.optimizer, self.ema, {
-                **self.versions.extra_state(), "monitor": self.monitor.state_dict(),
+            self.versions.save_checkpoint(self.run_dir, done, self.optimizer, {
+                "monitor": self.monitor.state_dict(),
                 "guard": self.guard.state_dict(), "trust": self.trust.state_dict(),
                 "planner": None if self.planner is None else self.planner.state_dict(), "budget_s": self.budget_s,
                 "backend": self.backend.state_dict()})

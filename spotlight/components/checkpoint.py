@@ -23,6 +23,7 @@ import os
 import pickle
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -174,10 +175,17 @@ def _is_state_dict(value: Any) -> bool:
     return isinstance(value, dict) and bool(value) and all(isinstance(v, torch.Tensor) for v in value.values())
 
 
-def _write_training_files(staging: Path, iteration: int, model: Policy, optimizer: torch.optim.Optimizer,
-                          ema: Policy | None, extra: dict[str, Any]) -> None:
+def _write_training_files(staging: Path, iteration: int, model: Policy, optimizer: torch.optim.Optimizer | None,
+                          ema: Policy | None, extra: dict[str, Any],
+                          shards: Callable[[Path], None] | None = None) -> None:
     """Every file of a training checkpoint: tensors in safetensors, the optimizer and RNG in a torch file
-    that loads with ``weights_only=True``, the rest in JSON; the manifest last."""
+    that loads with ``weights_only=True``, the rest in JSON; the manifest last.
+
+    ``shards``: K FSDP2 ranks write their shards of the training state into the staging directory
+    first (`spotlight.components.sharded_checkpoint`); the optimizer is then among them (None here).
+    """
+    if shards is not None:
+        shards(staging)
     save_model(staging, model, {"iteration": iteration})
     if ema is not None:
         save_file(_tensors_for_saving(ema.broadcast_state()), str(staging / EMA_FILE))
@@ -185,7 +193,8 @@ def _write_training_files(staging: Path, iteration: int, model: Policy, optimize
     for key in tensor_extras:
         save_file({name: t.detach().contiguous().cpu() for name, t in extra[key].items()},
                   str(staging / f"extra-{key}.safetensors"))
-    torch.save({"optimizer": optimizer.state_dict(), "rng": torch.get_rng_state(), "iteration": iteration},
+    optimizer_state = {} if optimizer is None else optimizer.state_dict()
+    torch.save({"optimizer": optimizer_state, "rng": torch.get_rng_state(), "iteration": iteration},
                staging / TRAINING_STATE_FILE)
     plain = {key: value for key, value in extra.items() if key not in tensor_extras}
     (staging / STATE_FILE).write_text(json.dumps({"iteration": iteration, "extra": plain,
@@ -197,9 +206,10 @@ def save_training_checkpoint(
     run_dir: Path,
     iteration: int,
     model: Policy,
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer | None,
     ema: Policy | None,
     extra: dict[str, Any],
+    shards: Callable[[Path], None] | None = None,
 ) -> Path:
     """Atomically and durably write ``run_dir/checkpoints/iter-XXXXXX`` and point ``latest`` at it; returns its path.
 
@@ -212,7 +222,7 @@ def save_training_checkpoint(
     final = root / f"iter-{iteration:06d}"
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
     try:
-        _write_training_files(staging, iteration, model, optimizer, ema, extra)
+        _write_training_files(staging, iteration, model, optimizer, ema, extra, shards)
         _swap_in(staging, final)
         fsync_dir(root)
         write_text_durably(root / "latest", final.name)

@@ -153,3 +153,18 @@ def evaluate(
         prompts=expanded,
         has_strict=has_strict,
     )
+
+
+def validation_score(record: dict[str, Any]) -> float:
+    """What picks the best validation: strict accuracy, or the mean reward of a reward without a strict flag."""
+    return record.get("val/score", record["val/strict_accuracy"])
+
+
+def validated(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of a run's history that carry a validation."""
+    return [record for record in history if "val/strict_accuracy" in record]
+
+
+def describe_score(record: dict[str, Any]) -> str:
+    """``val strict accuracy 0.412`` (or ``val mean reward 0.731`` for a reward without a strict flag)."""
+    return f"val {score_name(record)} {validation_score(record):.3f}"

@@ -17,8 +17,10 @@ reads as what it does rather than as five attributes to keep in step.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -65,6 +67,22 @@ class PolicyVersions:
             previous=frozen_copy(model),
         )
 
+    @classmethod
+    def sampling_only(cls, model: LoopModel) -> PolicyVersions:
+        """Only the whole policy that samples, as every version: a K-rank FSDP2 run's until its ranks have joined
+        and shard the rest (`spotlight.ranks.mirrored`), so no whole copy of a version is ever made."""
+        return cls(model=model, sampler=model, previous=model, reference=None, ema=None)
+
+    @property
+    def ships_sampler(self) -> bool:
+        """Whether K-rank rollouts send the ranks θ_old's weights: a trailing θ_old only ranks 0 holds."""
+        return self.sampler_trails
+
+    @contextmanager
+    def evaluating(self, raw: bool = False) -> Iterator[LoopModel]:
+        """The whole version validation scores for the ``with`` block: the EMA (or θ without one); θ if ``raw``."""
+        yield self.model if raw else self.evaluated
+
     @property
     def evaluated(self) -> LoopModel:
         """The version validation scores and ``checkpoints/best`` keeps: the EMA, or θ without one."""
@@ -95,6 +113,30 @@ class PolicyVersions:
         """What a training checkpoint keeps of the versions besides θ and the EMA (saved on their own)."""
         return {"previous": self.previous.broadcast_state(),
                 **({"sampler": self.sampler.broadcast_state()} if self.sampler_trails else {})}
+
+    def named(self) -> dict[str, LoopModel]:
+        """The versions a checkpoint keeps, by the names it keeps them under (θ is ``model``)."""
+        return {"model": self.model, "previous": self.previous, **({"ema": self.ema} if self.ema is not None else {}),
+                **({"sampler": self.sampler} if self.sampler_trails else {})}
+
+    def save_checkpoint(self, run_dir: Path, done: int, optimizer: torch.optim.Optimizer,
+                        loop_state: dict[str, Any]) -> None:
+        """Write the training checkpoint after ``done`` iterations: θ, the EMA, the versions and ``loop_state``."""
+        from spotlight.components.checkpoint import save_training_checkpoint
+
+        save_training_checkpoint(run_dir, done, self.model, optimizer, self.ema, {**self.extra_state(), **loop_state})
+
+    def restore(self, checkpoint: Path, optimizer: torch.optim.Optimizer, state: Any) -> None:
+        """Resume θ, every version and ``optimizer`` from a checkpoint (``state``: its `TrainingState`); one written
+        by K FSDP2 ranks is read whole from its shards (`spotlight.components.sharded_checkpoint`)."""
+        from spotlight.components.checkpoint import load_model_state
+        from spotlight.components.sharded_checkpoint import is_sharded, load_shards
+
+        if is_sharded(checkpoint):
+            load_shards(checkpoint, self.named(), optimizer)
+            return
+        self.load(load_model_state(checkpoint), state.ema, state.extra)
+        optimizer.load_state_dict(state.optimizer)
 
     def load(self, model_state: Mapping[str, torch.Tensor], ema_state: Mapping[str, torch.Tensor] | None,
              extra: Mapping[str, Any]) -> None:

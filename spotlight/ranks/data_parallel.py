@@ -59,7 +59,7 @@ def data_parallel(model: nn.Module, world_size: int) -> nn.Module:
 def sharded(model: nn.Module, cpu_offload: bool = False, activation_checkpointing: bool = False) -> nn.Module:
     """``model`` with its parameters sharded over the ranks by FSDP2, gradients summed (see the module).
 
-    Each trained block of the root's ``nn.ModuleList`` children (TinyDiT's and the diffusers transformers'
+    Each block of the root's ``nn.ModuleList`` children (TinyDiT's and the diffusers transformers'
     blocks) is its own FSDP unit, so one block's weights are whole at a time; the root (the TinyDiT, or
     the diffusers policy's transformer) holds the rest. With
     ``activation_checkpointing`` each block recomputes its activations in the backward.
@@ -70,7 +70,7 @@ def sharded(model: nn.Module, cpu_offload: bool = False, activation_checkpointin
     # a diffusers policy's frozen text encoders and VAE are shared with other policies: only its transformer shards
     root = model.shard_root
     blocks = [block for module in root.children() if isinstance(module, nn.ModuleList) for block in module
-              if any(parameter.requires_grad for parameter in block.parameters())]
+              if any(True for _ in block.parameters())]
     if activation_checkpointing:
         from torch.distributed._composable import checkpoint
 

@@ -41,6 +41,7 @@ import torch.distributed as dist
 from spotlight.components.manifest import write_text_durably
 from spotlight.diffusion.sampler import Trajectory
 from spotlight.ranks.data_parallel import RankShare, data_parallel
+from spotlight.ranks.mirrored import MirroredVersions
 from spotlight.ranks.placement import placement_error, process_group_backend, rank_options
 from spotlight.ranks.rollout import (
     concat_outputs,
@@ -50,6 +51,7 @@ from spotlight.ranks.rollout import (
     sample_share,
     what_the_update_reads,
 )
+from spotlight.ranks.sharded_versions import ShardedVersions
 from spotlight.rewards.base import Reward, RewardOutput
 from spotlight.rl.grpo import RolloutBatch
 from spotlight.run_error import RunError
@@ -89,9 +91,12 @@ class TrainerRank:
         self.config, self.rank = config, rank
         section = config.train
         self.model = build_policy(config)
-        self.reference = frozen_base(self.model) if uses_reference(section) else None
-        self.previous = frozen_copy(self.model)
-        self.optimizer = build_optimizer(self.model, section)
+        self.sharded = config.trainer.sharding == "fsdp"
+        self.versions: ShardedVersions | None = None  # fsdp: built once the group exists (`join`)
+        if not self.sharded:
+            self.reference = frozen_base(self.model) if uses_reference(section) else None
+            self.previous = frozen_copy(self.model)
+            self.optimizer = build_optimizer(self.model, section)
         self.reward = reward if reward is not None else rank_reward(config)
         self.trained: torch.nn.Module | None = None
 
@@ -99,8 +104,35 @@ class TrainerRank:
         return os.getpid()
 
     def join(self, address: str) -> None:
+        from spotlight.rl.rollout_update import build_optimizer
+
         join_group(self.config.device, address, self.rank, self.config.trainer.devices)
-        self.trained = data_parallel(self.model, self.config.trainer.devices)
+        if not self.sharded:
+            self.trained = data_parallel(self.model, self.config.trainer.devices)
+            return
+        self.versions = ShardedVersions(self.model, self.config.train, self.config.trainer)
+        versions = self.versions
+        self.trained, self.previous, self.reference = versions.model, versions.previous, versions.reference
+        self.optimizer = build_optimizer(self.trained, self.config.train)
+
+    # -- fsdp: the versions' calls, each at the moment rank 0 makes it (`spotlight.ranks.mirrored`) --------
+    def versions_call(self, name: str, *args: Any) -> None:
+        getattr(self.versions, name)(*args)
+
+    def save_shards(self, staging: Path) -> None:
+        self.versions.save_shards(staging, self.optimizer)
+
+    def restore(self, checkpoint: Path) -> None:
+        from spotlight.components.checkpoint import load_training_state
+
+        self.versions.restore(checkpoint, self.optimizer, load_training_state(checkpoint))
+
+    def align_optimizer(self, learning_rates: list[float], cleared: bool) -> None:
+        """Rank 0's learning rates, and its cleared moments after a guard rollback (fsdp: each keeps its own)."""
+        for group, learning_rate in zip(self.optimizer.param_groups, learning_rates, strict=True):
+            group["lr"] = learning_rate
+        if cleared:
+            self.optimizer.state.clear()
 
     def synchronise(self, model_state: dict[str, torch.Tensor], optimizer_state: dict[str, Any]) -> None:
         self.model.load_broadcast_state(model_state)
@@ -118,11 +150,15 @@ class TrainerRank:
         """
         from spotlight.models.generation import prompt_tokens
 
-        self.previous.load_broadcast_state(sampler_state if sampler_state is not None else self.model.broadcast_state())
+        if self.versions is not None:  # fsdp: θ_old,i is gathered into the whole sampler after every update
+            sampler = self.versions.sampler
+        else:
+            sampler = self.previous
+            sampler.load_broadcast_state(sampler_state if sampler_state is not None else self.model.broadcast_state())
         prompt_tokens(self.model, prompts)
         if share.start == share.stop:
             return None
-        return sample_share(self.previous, prompts[share], seeds, self.config, self.reward)
+        return sample_share(sampler, prompts[share], seeds, self.config, self.reward)
 
     def update(self, iteration: int, batch: RolloutBatch, section: Any) -> dict[str, float]:
         """One update on this rank, θ_old,i the policy its `rollout` set; ``section``: the loop's training section
@@ -177,13 +213,44 @@ class TrainerRanks:
             joined = [actor.join.remote(address) for actor in self.actors]
             join_group(config.device, address, 0, self.world_size)
             self._get(joined, "joining the process group", start_s)
-            self.trained = data_parallel(model, self.world_size)
+            self.versions: MirroredVersions | None = None
+            if config.trainer.sharding == "fsdp":  # every version sharded; rank 0's too (spotlight/ranks/mirrored.py)
+                from spotlight.rl.rollout_update import build_optimizer
+
+                self.versions = MirroredVersions(ShardedVersions(model, config.train, config.trainer), self)
+                self.optimizer = build_optimizer(self.versions.model, config.train)
+                self.trained = self.versions.model
+            else:
+                self.trained = data_parallel(model, self.world_size)
         except BaseException:
             self.close()
             raise
 
+    def mirror(self, local: Callable[[], Any], method: str, *args: Any) -> Any:
+        """``method(*args)`` on ranks 1..K-1 while rank 0 runs ``local()`` (a collective inside finds every rank);
+        ``local``'s result. A rank that dies or fails is one line (`RunError`)."""
+        what = f"{args[0] if method == 'versions_call' else method.replace('_', ' ')}"
+        calls = [getattr(actor, method).remote(*args) for actor in self.actors]
+        try:
+            result = local()
+        except (RuntimeError, dist.DistBackendError) as error:  # a collective failed: which rank is gone?
+            self._get(calls, what)
+            raise RunError(f"trainer rank 0 failed in {what} ({one_line(error)}); resume from the last checkpoint "
+                           "with --resume") from None
+        self._get(calls, what)
+        return result
+
     def synchronise(self) -> None:
-        """Give every rank the driver's weights and optimizer state (at the start, after a resume or a rollback)."""
+        """Give every rank the driver's weights and optimizer state (at the start, after a resume or a rollback).
+
+        fsdp: the weights are already every rank's (`MirroredVersions`); the learning rates and a cleared
+        optimizer state after a rollback are what is left to send.
+        """
+        if self.versions is not None:
+            rates = [group["lr"] for group in self.optimizer.param_groups]
+            self._get([actor.align_optimizer.remote(rates, not self.optimizer.state) for actor in self.actors],
+                      "synchronising")
+            return
         model_state = ray.put(self.model.broadcast_state())
         optimizer_state = ray.put(self.optimizer.state_dict())
         self._get([actor.synchronise.remote(model_state, optimizer_state) for actor in self.actors], "synchronising")

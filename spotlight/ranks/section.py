@@ -28,7 +28,8 @@ def ranks_problem(config: Any) -> str | None:
 
     Disaggregated mode: its generators stream each finished group to one trainer process, which steps as
     groups arrive; K ranks would need every group on every rank in one order. FSDP2: LoRA stays on DDP
-    (only the adapters' gradients are all-reduced), and a full fine-tune is not sharded in the loop yet.
+    (only the adapters' gradients are all-reduced), and θ_{i-1} is kept only as shards, so mode
+    stale-explore has no whole copy to explore with.
     """
     from spotlight.cores import unpinned_cores
     from spotlight.modes import Mode
@@ -49,7 +50,8 @@ def ranks_problem(config: Any) -> str | None:
     if config.trainer.sharding == "fsdp" and diffusers and config.model.finetune == "lora":
         return ("trainer.sharding fsdp with model.finetune lora: LoRA trains with ddp (only its adapters' gradients "
                 "are all-reduced; the frozen base needs no sharding): set trainer.sharding ddp")
-    if config.trainer.sharding == "fsdp":
-        return (f"trainer.devices={devices} with trainer.sharding fsdp: not in the loop yet (θ_old, the reference, "
-                "the EMA and checkpoints are still whole on rank 0): set trainer.sharding ddp")
+    if config.trainer.sharding == "fsdp" and config.mode is Mode.STALE_EXPLORE:
+        return (f"trainer.devices={devices} with trainer.sharding fsdp: mode stale-explore explores with a whole "
+                "θ_{i-1}, which fsdp keeps only as shards: use mode spotlight (stale exploration on spot devices), or "
+                "set trainer.sharding ddp")
     return None

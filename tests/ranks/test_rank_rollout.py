@@ -161,8 +161,8 @@ def test_two_ranks_sample_a_pipeline_folders_groups_as_one(ray_cluster, tiny_pip
     ({"mode": "disaggregated"}, "trainer.devices=2: mode disaggregated trains on one rank", "set trainer.devices 1"),
     ({"trainer": {"devices": 2, "sharding": "fsdp"}, "model": {"family": "sd3"}},
      "trainer.sharding fsdp with model.finetune lora", "set trainer.sharding ddp"),
-    ({"trainer": {"devices": 2, "sharding": "fsdp"}, "model": {"family": "sd3", "finetune": "full"}},
-     "trainer.devices=2 with trainer.sharding fsdp: not in the loop yet", "set trainer.sharding ddp"),
+    ({"trainer": {"devices": 2, "sharding": "fsdp"}, "mode": "stale-explore"},
+     "trainer.devices=2 with trainer.sharding fsdp: mode stale-explore explores with a whole", "mode spotlight"),
 ])
 def test_what_k_ranks_cannot_run_is_refused_in_one_line_naming_the_knob(settings: dict, start: str, knob: str) -> None:
     from spotlight.config import ConfigError
