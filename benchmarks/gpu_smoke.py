@@ -12,6 +12,7 @@ On a machine without CUDA it says so in one line and exits 0 (the suite and CI r
 
     .venv/bin/python benchmarks/gpu_smoke.py                       # cuda, bfloat16, every family
     .venv/bin/python benchmarks/gpu_smoke.py --device cpu --dtype float32 --families sd3
+    .venv/bin/python benchmarks/gpu_smoke.py --families sd3 --finetune full --sharding fsdp   # FSDP2 on NCCL, bf16
 
 Prints a table; writes benchmarks/results/gpu_smoke.json (commit, machine, GPU, config, numbers).
 """
@@ -30,9 +31,11 @@ from pathlib import Path
 import torch
 from provenance import RESULTS, git_commit, machine
 
+from spotlight.components.sharded_checkpoint import is_sharded
 from spotlight.config import TrainConfig, load_config
 from spotlight.models.pipelines.memory_estimate import run_memory_estimate
 from spotlight.models.pipelines.tiny import FAMILIES, save_tiny_pipeline
+from spotlight.ranks.placement import process_group_backend
 from spotlight.rewards.base import RewardOutput
 from spotlight.trainer import Trainer
 
@@ -58,6 +61,7 @@ def smoke_config(folder: Path, run_dir: Path, args: argparse.Namespace) -> Train
         f"run_dir={run_dir}", "pin_devices=false", "rollout.prompts_per_iteration=4", "rollout.group_size=4",
         "rollout.num_steps=6", "train.num_minibatches=2", "train.num_epochs=1", "eval.every=1000",
         "eval.seeds_per_prompt=1", "eval.num_steps=4", "eval.raw_model=false", "checkpoint_every=1000",
+        f"model.finetune={args.finetune}", f"trainer.sharding={args.sharding}",
     ])
 
 
@@ -85,6 +89,10 @@ def measure(family: str, root: Path, args: argparse.Namespace) -> dict[str, obje
         "rollout_reward_mean": last.get("rollout/reward_mean"),
         "val_reward": last.get("val/reward"),
         "diffusers_lora_file": (checkpoint / "pytorch_lora_weights.safetensors").is_file(),
+        "transformer_folder": (checkpoint / "transformer" / "config.json").is_file(),
+        # fsdp: a process group of one (NCCL on CUDA) and the shards of a torch.distributed.checkpoint
+        "process_group": process_group_backend(args.device) if args.sharding == "fsdp" else None,
+        "sharded_checkpoint": is_sharded(checkpoint),
     }
 
 
@@ -97,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resolution", type=int, default=64)
     parser.add_argument("--guidance-scale", type=float, default=3.0)
     parser.add_argument("--algorithm", choices=["nft", "flow-grpo"], default="nft")
+    parser.add_argument("--finetune", choices=["lora", "full"], default="lora")
+    parser.add_argument("--sharding", choices=["ddp", "fsdp"], default="ddp",
+                        help="fsdp: the FSDP2 path on one device (a process group of one; needs --finetune full)")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_smoke: no CUDA device on this machine (torch.cuda.is_available() is False): nothing to measure")
@@ -105,16 +116,18 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpu-smoke-") as root:
         for family in args.families:
             results[family] = measure(family, Path(root), args)
-    print(f"{'family':<11} {'s/iteration':>11} {'peak MiB':>9} {'estimate MiB':>12} {'reward':>7}  lora file")
+    print(f"{'family':<11} {'s/iteration':>11} {'peak MiB':>9} {'estimate MiB':>12} {'reward':>7}  lora file"
+          "  transformer/  dcp shards")
     for family, row in results.items():
         estimate = "-" if row["estimate_mib"] is None else f"{row['estimate_mib']:.1f}"
         print(f"{family:<11} {row['s_per_iteration']:>11.3f} {row['peak_memory_mib']:>9.1f} {estimate:>12} "
-              f"{row['rollout_reward_mean']:>7.3f}  {row['diffusers_lora_file']}")
+              f"{row['rollout_reward_mean']:>7.3f}  {row['diffusers_lora_file']!s:<9}  "
+              f"{row['transformer_folder']!s:<12}  {row['sharded_checkpoint']}")
     device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     result = {"benchmark": "gpu_smoke", "commit": git_commit(), "machine": {**machine(), "device": device_name},
               "config": vars(args), "families": results}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    suffix = "" if args.device == "cuda" else "_cpu"
+    suffix = ("" if args.sharding == "ddp" else "_fsdp") + ("" if args.device == "cuda" else "_cpu")
     (RESULTS / f"gpu_smoke{suffix}.json").write_text(json.dumps(result, indent=1) + "\n")
     return 0
 

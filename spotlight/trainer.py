@@ -131,7 +131,7 @@ class Trainer:
             if resume:  # what it had in flight (spotlight's next seeds)
                 self.backend.load_state_dict(self.backend_state)
             self.ranks = None  # trainer.devices K > 1: this process is rank 0 of K (spotlight/ranks/group.py)
-            if config.trainer.devices > 1:
+            if config.trainer.in_group:
                 self.ranks = TrainerRanks(config, self.model, self.optimizer,
                                          None if reward is None else self.reward)
                 if self.ranks.versions is None:
@@ -170,7 +170,7 @@ class Trainer:
                            f"but task is {config.task!r}: set task to {task_of(model).name!r} or pick "
                            f"a {config.task!r} model")
         # θ and its sampling, previous, reference and EMA versions (shared base, LoRA deltas)
-        sharded = config.trainer.devices > 1 and config.trainer.sharding == "fsdp"  # versions made by the ranks
+        sharded = config.trainer.sharding == "fsdp"  # θ and its versions are made, sharded, by the ranks
         self.versions = PolicyVersions.sampling_only(model) if sharded else PolicyVersions.of(model, config.train)
         self.optimizer = build_optimizer(self.model, config.train)
         self.grouped = GroupedUpdate(self.model, self.reference, self.optimizer, config.train, config.seed,
@@ -200,7 +200,7 @@ class Trainer:
             raise RunError(f"--resume: {self.run_dir} has no checkpoint yet; run without --resume to start it")
         state = load_training_state(checkpoint)
         self.restored_from = checkpoint, state  # fsdp: the ranks restore their versions once they have joined
-        if self.config.trainer.devices == 1 or self.config.trainer.sharding != "fsdp":
+        if self.config.trainer.sharding != "fsdp":
             self.versions.restore(checkpoint, self.optimizer, state)
         self.monitor.load_state_dict(state.extra["monitor"])
         if "guard" in state.extra:

@@ -189,27 +189,16 @@ class TrainerRanks:
         self.world_size = config.trainer.devices
         self.cluster = None
         self.actors: list[Any] = []
-        if not ray.is_initialized():
+        if not ray.is_initialized() and self.world_size > 1:  # (fsdp on one device: a group of one, no Ray)
             from spotlight.runtime.spot.pools import LocalCluster
 
             cores = [core for core in (config.device_core(0),) if core is not None]
             self.cluster = LocalCluster(node_timeout_s=config.runtime.node_timeout_s, control_cores=cores or None)
         try:
-            problem = placement_error(config.device, self.world_size, ray.nodes())
-            if problem is not None:
-                raise RunError(problem)
-            rank_actor = ray.remote(**rank_options(config.device))(TrainerRank)
-            shipped = None if reward is None else shipped_reward(reward, self.world_size)
-            self.actors = [rank_actor.remote(config, rank, config.rank_core(rank), shipped)
-                           for rank in range(1, self.world_size)]
-            # a rank's process imports torch and builds the policy: as slow as a node on a loaded machine
             start_s = config.runtime.node_timeout_s
-            pids = self._get([actor.pid.remote() for actor in self.actors], "starting", start_s)
-            logger.info("trainer ranks 1..%d: pids %s", self.world_size - 1, pids)
-            # which process is which rank, for an operator (and the test that kills one)
-            write_text_durably(Path(config.run_dir) / "trainer-ranks.json",
-                               json.dumps({str(rank): pid for rank, pid in enumerate([os.getpid(), *pids])}))
-            address = rendezvous_address(config.device)
+            if self.world_size > 1:
+                self._start_ranks(reward, start_s)
+            address = rendezvous_address(config.device, self.world_size)
             joined = [actor.join.remote(address) for actor in self.actors]
             join_group(config.device, address, 0, self.world_size)
             self._get(joined, "joining the process group", start_s)
@@ -225,6 +214,23 @@ class TrainerRanks:
         except BaseException:
             self.close()
             raise
+
+    def _start_ranks(self, reward: Reward | None, start_s: float) -> None:
+        """Ranks 1..K-1 as Ray actors, one device each; their pids in ``trainer-ranks.json``."""
+        config = self.config
+        problem = placement_error(config.device, self.world_size, ray.nodes())
+        if problem is not None:
+            raise RunError(problem)
+        rank_actor = ray.remote(**rank_options(config.device))(TrainerRank)
+        shipped = None if reward is None else shipped_reward(reward, self.world_size)
+        self.actors = [rank_actor.remote(config, rank, config.rank_core(rank), shipped)
+                       for rank in range(1, self.world_size)]
+        # a rank's process imports torch and builds the policy: as slow as a node on a loaded machine
+        pids = self._get([actor.pid.remote() for actor in self.actors], "starting", start_s)
+        logger.info("trainer ranks 1..%d: pids %s", self.world_size - 1, pids)
+        # which process is which rank, for an operator (and the test that kills one)
+        write_text_durably(Path(config.run_dir) / "trainer-ranks.json",
+                           json.dumps({str(rank): pid for rank, pid in enumerate([os.getpid(), *pids])}))
 
     def mirror(self, local: Callable[[], Any], method: str, *args: Any) -> Any:
         """``method(*args)`` on ranks 1..K-1 while rank 0 runs ``local()`` (a collective inside finds every rank);
@@ -368,10 +374,11 @@ def one_line(error: BaseException) -> str:
     return text if len(text) <= 160 else text[:157] + "..."
 
 
-def rendezvous_address(device: str) -> str:
-    """Where the ranks meet: the loopback on the CPU (every rank on this node), the driver node's address on GPUs
-    (the ranks' placement group may span nodes)."""
-    host = "127.0.0.1" if process_group_backend(device) == "gloo" else ray.util.get_node_ip_address()
+def rendezvous_address(device: str, world_size: int) -> str:
+    """Where the ranks meet: the loopback on the CPU (every rank on this node) or for a group of one, the driver
+    node's address on GPUs (the ranks' placement group may span nodes)."""
+    local = process_group_backend(device) == "gloo" or world_size == 1
+    host = "127.0.0.1" if local else ray.util.get_node_ip_address()
     return f"tcp://{host}:{free_port(host)}"
 
 

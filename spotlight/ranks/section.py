@@ -22,6 +22,11 @@ class TrainerSection(Section):
     cpu_offload: bool = False  # fsdp: keep the sharded weights, gradients and moments in host memory
     activation_checkpointing: bool = False  # fsdp: recompute each block's activations in the backward
 
+    @property
+    def in_group(self) -> bool:
+        """Whether the trainer is a process group: K > 1 ranks, or fsdp (on one device too, a group of one)."""
+        return self.devices > 1 or self.sharding == "fsdp"
+
 
 def ranks_problem(config: Any) -> str | None:
     """Why a `TrainConfig` cannot run on its ``trainer.devices`` K > 1 ranks, one line naming the knob; None: it can.
@@ -35,7 +40,7 @@ def ranks_problem(config: Any) -> str | None:
     from spotlight.modes import Mode
 
     devices = config.trainer.devices
-    if devices == 1:
+    if not config.trainer.in_group:
         return None
     cores = config.device_cores if config.device_cores is not None else unpinned_cores()
     if config.pin_devices and devices > len(cores):

@@ -141,3 +141,22 @@ def test_a_sharded_run_trains_a_pipeline_folder_in_mode_spotlight(tiny_pipeline,
     checkpoint = latest_checkpoint(run_dir)
     assert is_sharded(checkpoint)
     check_transformer_folder(checkpoint)
+
+
+@pytest.mark.slow
+def test_fsdp_on_one_device_is_a_group_of_one_that_trains_as_one_process(tiny_base_model, tmp_path: Path) -> None:
+    """``trainer.sharding: fsdp`` with ``trainer.devices: 1`` (the one-GPU NCCL check's path, gloo here): no Ray, a
+    process group of one, sharded checkpoints; the toy's metrics equal the plain process's bit for bit."""
+    def run(sharding: str) -> list[dict[str, Any]]:
+        run_dir = tmp_path / sharding
+        train(parse_config(TrainConfig, {
+            "mode": "vanilla", "base_checkpoint": str(tiny_base_model), "run_dir": str(run_dir), "iterations": 2,
+            "seed": 0, "trainer": {"sharding": sharding}, "train": {"ema_decay": 0.5},
+            "reward": {"name": "paced_reward:paced"},
+            "rollout": {"prompts_per_iteration": 2, "group_size": 2, "num_steps": 2},
+            "eval": {"every": 2, "prompts": 4, "seeds_per_prompt": 1, "num_steps": 2, "grid_prompts": 1}}))
+        assert is_sharded(latest_checkpoint(run_dir)) == (sharding == "fsdp")
+        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records(run_dir)]
+
+    plain, sharded = run("ddp"), run("fsdp")
+    assert plain == sharded and any(r.get("train/grad_norm", 0.0) > 0 for r in plain)
