@@ -13,10 +13,10 @@ through the whole ``sampler`` copy, which needs no collective.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import ray
 import torch
@@ -24,16 +24,19 @@ import torch
 from spotlight.models.loop_model import LoopModel
 from spotlight.ranks.sharded_versions import ShardedVersions
 
-if TYPE_CHECKING:
-    from spotlight.ranks.group import TrainerRanks
-
 __all__ = ["MirroredVersions"]
+
+
+class Mirror(Protocol):
+    """What runs a call on ranks 1..K-1 while rank 0 runs its own (`spotlight.ranks.group.TrainerRanks.mirror`)."""
+
+    def mirror(self, local: Callable[[], Any], method: str, *args: Any) -> Any: ...
 
 
 class MirroredVersions:
     """`PolicyVersions`' interface over K ranks' sharded versions (module docstring); ``local``: rank 0's."""
 
-    def __init__(self, local: ShardedVersions, ranks: TrainerRanks) -> None:
+    def __init__(self, local: ShardedVersions, ranks: Mirror) -> None:
         self.local, self.ranks = local, ranks
 
     # the versions by name: rank 0's shards, and its whole sampler

@@ -85,6 +85,8 @@ class ShardedVersions:
         self.trailing = shard(copy.deepcopy(frozen)) if section.old_policy_decay else None
         self.previous = shard(frozen)
         self.sampler = whole.requires_grad_(False)
+        if trainer.sampler_dtype is not None:  # (a bf16 copy: half the bytes; loads cast the gathered weights)
+            whole.shard_root.to(getattr(torch, trainer.sampler_dtype))
         self._sampler_holds: LoopModel = self._sampling_shards
 
     @property

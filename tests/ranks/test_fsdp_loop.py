@@ -160,3 +160,19 @@ def test_fsdp_on_one_device_is_a_group_of_one_that_trains_as_one_process(tiny_ba
 
     plain, sharded = run("ddp"), run("fsdp")
     assert plain == sharded and any(r.get("train/grad_norm", 0.0) > 0 for r in plain)
+
+
+@pytest.mark.slow
+def test_a_bf16_sampler_copy_halves_the_whole_weights_a_rank_keeps(tiny_pipeline, tmp_path: Path) -> None:
+    """``trainer.sampler_dtype: bfloat16``: the whole copy each rank samples with is bf16, θ's shards stay float32,
+    and the run trains and exports as with a float32 copy."""
+    from spotlight.trainer import Trainer
+
+    config = parse_config(TrainConfig, {**settings(tiny_pipeline("sd3"), tmp_path / "bf16", devices=1),
+                                        "iterations": 1, "trainer": {"sharding": "fsdp", "sampler_dtype": "bfloat16"}})
+    trainer = Trainer(config)
+    assert {p.dtype for p in trainer.sampler.shard_root.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in trainer.model.shard_root.parameters()} == {torch.float32}
+    summary = trainer.run()
+    assert summary.history[-1]["train/grad_norm"] > 0
+    check_transformer_folder(latest_checkpoint(tmp_path / "bf16"))

@@ -26,12 +26,15 @@ def test_more_ranks_than_pinned_cores_names_the_cores_and_the_fix() -> None:
     parse_config(TrainConfig, {"device_cores": [0], "pin_devices": False, "trainer": {"devices": 2}})
 
 
-def test_disaggregated_and_fsdp_in_the_loop_are_refused_with_k_ranks() -> None:
+def test_disaggregated_and_what_fsdp_cannot_keep_are_refused_with_k_ranks() -> None:
     disaggregated = {"mode": "disaggregated", "device_cores": [0, 1], "trainer": {"devices": 2},
                      "train": {"num_epochs": 1, "num_minibatches": 1, "old_policy_decay": 0, "nft_kl_beta": 0}}
     assert "set trainer.devices 1" in one_line(disaggregated)
-    assert "set trainer.sharding ddp" in one_line({"device_cores": [0, 1], "trainer": {"devices": 2,
-                                                                                          "sharding": "fsdp"}})
+    fsdp = {"device_cores": [0, 1], "trainer": {"devices": 2, "sharding": "fsdp"}}
+    assert "set trainer.sharding ddp" in one_line({**fsdp, "mode": "stale-explore"})
+    assert "set trainer.sampler_dtype null" in one_line({**fsdp, "trainer": {**fsdp["trainer"],
+                                                                              "sampler_dtype": "bfloat16"}})
+    parse_config(TrainConfig, fsdp)  # a TinyDiT trained in full, sharded in the loop: accepted
 
 
 def test_ranks_take_the_first_cores_and_spot_devices_the_rest() -> None:
