@@ -142,7 +142,7 @@ class Trainer:
                         checkpoint, state = self.restored_from
                         self.versions.restore(checkpoint, self.optimizer, state)
                     else:
-                        self.versions.start_from(self.sampler.broadcast_state())
+                        self.versions.start()
         except BaseException:
             try:
                 if getattr(self, "backend", None) is not None and getattr(self, "ranks", None) is None:

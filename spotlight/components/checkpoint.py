@@ -35,6 +35,7 @@ from safetensors.torch import load_file, save_file
 from spotlight.components.manifest import MANIFEST_FILE, fsync_dir, manifest_problem, write_manifest, write_text_durably
 from spotlight.models.policy import Policy
 from spotlight.models.rebuild import policy_from_description
+from spotlight.run_error import RunError
 
 logger = logging.getLogger(__name__)
 
@@ -228,6 +229,8 @@ def save_training_checkpoint(
         write_text_durably(root / "latest", final.name)
     except BaseException as error:
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(error, RunError):  # already one line (a trainer rank that died while writing its shards)
+            raise
         if isinstance(error, OSError | SafetensorError | RuntimeError):  # the writers' ways of saying "disk full"
             detail = getattr(error, "strerror", None) or " ".join(str(error).split())[:200]
             raise CheckpointError(

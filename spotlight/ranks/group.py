@@ -232,6 +232,10 @@ class TrainerRanks:
         write_text_durably(Path(config.run_dir) / "trainer-ranks.json",
                            json.dumps({str(rank): pid for rank, pid in enumerate([os.getpid(), *pids])}))
 
+    def shared(self, value: Any) -> Any:
+        """``value`` in the object store, once for ranks 1..K-1; itself in a group of one (no Ray then)."""
+        return ray.put(value) if self.actors else value
+
     def mirror(self, local: Callable[[], Any], method: str, *args: Any) -> Any:
         """``method(*args)`` on ranks 1..K-1 while rank 0 runs ``local()`` (a collective inside finds every rank);
         ``local``'s result. A rank that dies or fails is one line (`RunError`)."""
@@ -290,7 +294,7 @@ class TrainerRanks:
         rank gets the whole batch: the update's shuffle is over all rows and each computes its share of
         every minibatch (`spotlight.ranks.data_parallel`).
         """
-        batch_ref = ray.put(batch)
+        batch_ref = self.shared(batch)
         calls = [actor.update.remote(iteration, batch_ref, section) for actor in self.actors]
         try:
             metrics = local(self.trained, RankShare(section, 0, self.world_size))
@@ -306,6 +310,8 @@ class TrainerRanks:
 
     def _get(self, calls: list[Any], what: str, timeout_s: float = COLLECTIVE_TIMEOUT_S + 20.0) -> list[Any]:
         """The calls' results; a rank that died, failed or did not answer in ``timeout_s`` is one line (`RunError`)."""
+        if not calls:  # a group of one: no Ray call (ray.get would start a Ray instance of its own)
+            return []
         try:
             return ray.get(calls, timeout=timeout_s)
         except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError) as error:

@@ -18,7 +18,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
-import ray
 import torch
 
 from spotlight.models.loop_model import LoopModel
@@ -31,6 +30,8 @@ class Mirror(Protocol):
     """What runs a call on ranks 1..K-1 while rank 0 runs its own (`spotlight.ranks.group.TrainerRanks.mirror`)."""
 
     def mirror(self, local: Callable[[], Any], method: str, *args: Any) -> Any: ...
+
+    def shared(self, value: Any) -> Any: ...
 
 
 class MirroredVersions:
@@ -78,9 +79,9 @@ class MirroredVersions:
         """``local.name(*args)`` on rank 0 while ranks 1..K-1 run the same."""
         return self.ranks.mirror(lambda: getattr(self.local, name)(*args), "versions_call", name, *args)
 
-    def start_from(self, state: Mapping[str, torch.Tensor]) -> None:
-        """Every version, the reference too, from rank 0's whole starting weights (each rank keeps its chunks)."""
-        self.ranks.mirror(lambda: self.local.start_from(state), "versions_call", "start_from", ray.put(dict(state)))
+    def start(self) -> None:
+        """Every version, the reference too, from rank 0's starting weights (broadcast; each rank keeps its chunks)."""
+        self._everywhere("start")
 
     def hand_over(self) -> None:
         self._everywhere("hand_over")
@@ -98,7 +99,8 @@ class MirroredVersions:
             self._everywhere("end_evaluation")
 
     def reset_to(self, state: Mapping[str, torch.Tensor]) -> None:
-        self.ranks.mirror(lambda: self.local.reset_to(state), "versions_call", "reset_to", ray.put(dict(state)))
+        shared = self.ranks.shared(dict(state))
+        self.ranks.mirror(lambda: self.local.reset_to(state), "versions_call", "reset_to", shared)
 
     def restore(self, checkpoint: Path, optimizer: torch.optim.Optimizer, state: Any) -> None:
         """Every rank reads its part of ``checkpoint`` (a shared file system across nodes), resharded to this K."""

@@ -51,6 +51,9 @@ def ranks_problem(config: Any) -> str | None:
         return (f"trainer.devices={devices} pins one rank per core, but only {len(cores)} core(s) {cores} are given "
                 f"(device_cores or this process's cores): lower trainer.devices to {len(cores)}, or set pin_devices "
                 "false")
+    if config.mode is Mode.DISAGGREGATED and devices == 1:
+        return ("trainer.sharding fsdp: mode disaggregated trains one process's plain policy as groups arrive: set "
+                "trainer.sharding ddp")
     if config.mode is Mode.DISAGGREGATED:
         return (f"trainer.devices={devices}: mode disaggregated trains on one rank (its generators stream each "
                 "finished group to one trainer process, which steps as groups arrive; K ranks would need every group "

@@ -85,8 +85,7 @@ class ShardedVersions:
         self.trailing = shard(copy.deepcopy(frozen)) if section.old_policy_decay else None
         self.previous = shard(frozen)
         self.sampler = whole.requires_grad_(False)
-        if trainer.sampler_dtype is not None:  # (a bf16 copy: half the bytes; loads cast the gathered weights)
-            whole.shard_root.to(getattr(torch, trainer.sampler_dtype))
+        self.sampler_dtype = None if trainer.sampler_dtype is None else getattr(torch, trainer.sampler_dtype)
         self._sampler_holds: LoopModel = self._sampling_shards
 
     @property
@@ -141,11 +140,21 @@ class ShardedVersions:
         if self._sampler_holds is not self.model:
             self.gather_into_sampler(self.model)
 
-    def start_from(self, state: Mapping[str, torch.Tensor]) -> None:
-        """Every version, the reference too, from rank 0's whole starting weights: one start on every rank."""
+    def _cast_sampler(self) -> None:
+        """The whole copy in ``trainer.sampler_dtype`` (bf16: half the bytes; each load casts what it gathers)."""
+        if self.sampler_dtype is not None:
+            self.sampler.shard_root.to(self.sampler_dtype)
+
+    def start(self) -> None:
+        """Every version, the reference too, from rank 0's starting weights (a broadcast, then each rank keeps its
+        chunks): one start on every rank, whatever each built."""
+        state = self.sampler.shard_root.state_dict()
+        for tensor in state.values():
+            dist.broadcast(tensor, src=0)
         for policy in (self.model, self.trailing, self.previous, self.ema, self.reference):
             if policy is not None:
                 load_whole(policy, state)
+        self._cast_sampler()
         self.refresh()
 
     def reset_to(self, state: Mapping[str, torch.Tensor]) -> None:
@@ -183,6 +192,7 @@ class ShardedVersions:
         from spotlight.components.checkpoint import load_model_state
         from spotlight.components.sharded_checkpoint import is_sharded, load_optimizer_whole, load_shards
 
+        self._cast_sampler()
         if is_sharded(checkpoint):
             load_shards(checkpoint, self.named(), optimizer)
             self.refresh()
