@@ -71,6 +71,9 @@ class LoraShadow(nn.Module):
         targets = policy.lora_parameters()
         object.__setattr__(self, "_targets", tuple(targets.values()))
         object.__setattr__(self, "_names", tuple(targets))
+        # every module of the policy, for the mode switch of each swap (nn.Module.train walks them recursively:
+        # ~250 generator frames per call on a tiny SD3, thousands on SD3.5-M, twice per θ_old or reference forward)
+        object.__setattr__(self, "_policy_modules", tuple(policy.modules()))
         self.lora = None if lora is None else nn.ParameterList(
             [nn.Parameter(lora[name].detach().clone().to(targets[name]), requires_grad=False) for name in targets])
 
@@ -81,13 +84,13 @@ class LoraShadow(nn.Module):
         """Inside the block the policy's LoRA layers hold this shadow's tensors (or are disabled), and its mode."""
         policy = self.policy
         was_training = policy.training
-        policy.train(self.training)
+        self._set_mode(self.training)
         if self.lora is None:
             try:
                 with policy.adapter_disabled():
                     yield
             finally:
-                policy.train(was_training)
+                self._set_mode(was_training)
             return
         originals = [target.data for target in self._targets]
         for target, mine in zip(self._targets, self.lora, strict=True):
@@ -97,7 +100,12 @@ class LoraShadow(nn.Module):
         finally:
             for target, original in zip(self._targets, originals, strict=True):
                 target.data = original
-            policy.train(was_training)
+            self._set_mode(was_training)
+
+    def _set_mode(self, training: bool) -> None:
+        """``policy.train(training)`` as a flat loop over its modules (what ``train`` sets, without its recursion)."""
+        for module in self._policy_modules:
+            module.training = training
 
     def forward(self, x: torch.Tensor, sigma: torch.Tensor, cond: Any) -> torch.Tensor:
         """The velocity (B, C, H, W) of the base with this shadow's LoRA, without autograd."""

@@ -91,6 +91,7 @@ class DiffusersPolicy(nn.Module):
         self.text_encoder = text_encoder
         self._default_processors = dict(transformer.attn_processors)
         self._attention_fn: AttentionFn | None = None
+        self._lora_by_name: list[nn.Parameter] | None = None  # the adapter's tensors, found at the first disable
         transformer.requires_grad_(False)
         if config.finetune == "lora":
             self._add_lora(transformer, config)
@@ -206,15 +207,16 @@ class DiffusersPolicy(nn.Module):
         if self.config.finetune != "lora":
             raise ValueError("a fully fine-tuned policy has no adapter to disable: build the base again "
                              "(base_policy.build_policy) for a reference")
-        flags = {name: parameter.requires_grad for name, parameter in self.named_parameters() if "lora_" in name}
+        if self._lora_by_name is None:  # found once: named_parameters walks every module
+            self._lora_by_name = [parameter for name, parameter in self.named_parameters() if "lora_" in name]
+        flags = [parameter.requires_grad for parameter in self._lora_by_name]
         self.transformer.disable_adapters()
         try:
             yield
         finally:
             self.transformer.enable_adapters()
-            for name, parameter in self.named_parameters():
-                if name in flags:
-                    parameter.requires_grad_(flags[name])
+            for parameter, flag in zip(self._lora_by_name, flags, strict=True):
+                parameter.requires_grad_(flag)
 
     def reference(self) -> ReferencePolicy:
         """The reference policy for the KL term: this model with the adapter disabled (shares weights)."""
