@@ -88,6 +88,15 @@ class Policy(Protocol):
         """Images (B, 3, H, W) in [0, 1] of sampled latents: what a reward scores."""
         ...
 
+    def prompt_conditioning(self, prompts: Sequence[str]) -> Any | None:
+        """What another process holding this policy needs to condition on ``prompts`` without encoding them (a
+        pipeline's cached text embeddings); None when the `tokenize` rows carry everything (a TinyDiT's ids)."""
+        ...
+
+    def adopt_prompt_conditioning(self, conditioning: Any | None) -> None:
+        """Take another process's `prompt_conditioning` into this one's cache (None: nothing to take)."""
+        ...
+
     def schedule(self) -> Any | None:
         """Its own sampling schedule (a pipeline's ``ScheduleParams``), or None for Spotlight's sigma schedule."""
         ...

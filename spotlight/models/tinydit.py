@@ -246,6 +246,13 @@ class TinyDiT(nn.Module):
         """No VAE: its latents are the images, in [-1, 1]."""
         return to_images(latents)
 
+    def prompt_conditioning(self, prompts: Sequence[str]) -> None:
+        """Nothing: its token ids are the whole conditioning."""
+        return None
+
+    def adopt_prompt_conditioning(self, conditioning: Any | None) -> None:
+        """Nothing to take: every process tokenizes alike."""
+
     def schedule(self) -> None:
         """None: it samples on Spotlight's own sigma schedule."""
         return None

@@ -139,32 +139,33 @@ class TrainerRank:
         self.optimizer.load_state_dict(optimizer_state)
 
     def rollout(self, prompts: list[str], share: slice, seeds: torch.Tensor,
-                sampler_state: dict[str, torch.Tensor] | None) -> tuple[Trajectory, RewardOutput] | None:
+                sampler_state: dict[str, torch.Tensor] | None) -> tuple[Trajectory, RewardOutput, Any] | None:
         """Set θ_old,i and sample and score this rank's ``share`` of the iteration's ``prompts`` with it (seeds:
-        the share's (P_r, G)); None: an empty share.
+        the share's (P_r, G)): its samples, rewards and prompt conditioning; None: an empty share.
 
         ``sampler_state``: the trailing sampling policy's weights (``train.old_policy_decay``); None when
         θ_old,i is θ_i itself, which this rank already holds (every DDP step keeps it equal to rank 0's).
-        Every prompt of the iteration is encoded here now: the update conditions on all of them, and a
-        pipeline policy's prompt ids index this process's own cache of text embeddings.
+        Only the share's prompts are encoded here: the update conditions on every prompt, and a pipeline's
+        prompt ids index each process's own cache of text embeddings, so each rank's embeddings go to rank 0
+        with its samples (`prompt_conditioning`) and every rank gets all of them with the update.
         """
-        from spotlight.models.generation import prompt_tokens
-
         if self.versions is not None:  # fsdp: θ_old,i is gathered into the whole sampler after every update
             sampler = self.versions.sampler
         else:
             sampler = self.previous
             sampler.load_broadcast_state(sampler_state if sampler_state is not None else self.model.broadcast_state())
-        prompt_tokens(self.model, prompts)
         if share.start == share.stop:
             return None
-        return sample_share(sampler, prompts[share], seeds, self.config, self.reward)
+        samples, rewards = sample_share(sampler, prompts[share], seeds, self.config, self.reward)
+        return samples, rewards, self.model.prompt_conditioning(prompts[share])
 
-    def update(self, iteration: int, batch: RolloutBatch, section: Any) -> dict[str, float]:
+    def update(self, iteration: int, batch: RolloutBatch, section: Any, conditioning: Any) -> dict[str, float]:
         """One update on this rank, θ_old,i the policy its `rollout` set; ``section``: the loop's training section
-        this iteration (as rank 0's)."""
+        this iteration (as rank 0's); ``conditioning``: every prompt's, gathered by rank 0 (`rollout`)."""
         from spotlight.loop.streams import Stream, iteration_generator
         from spotlight.rl.rollout_update import rollout_update
+
+        self.model.adopt_prompt_conditioning(conditioning)
 
         generator = iteration_generator(self.config.seed, iteration, Stream.UPDATE)
         share = RankShare(section, self.rank, self.config.trainer.devices)
@@ -202,6 +203,7 @@ class TrainerRanks:
             joined = [actor.join.remote(address) for actor in self.actors]
             join_group(config.device, address, 0, self.world_size)
             self._get(joined, "joining the process group", start_s)
+            self.conditioning: Any = None  # every prompt's of the last rollout, for the ranks' update
             self.versions: MirroredVersions | None = None
             if config.trainer.sharding == "fsdp":  # every version sharded; rank 0's too (spotlight/ranks/mirrored.py)
                 from spotlight.rl.rollout_update import build_optimizer
@@ -282,8 +284,12 @@ class TrainerRanks:
         samples, rewards = local(prompts[shares[0]], seeds[shares[0]])
         here = what_the_update_reads(samples, self.config.train.algorithm), rewards
         # the other shares took as long as rank 0's: the wait is for a loaded machine, as a rank's start
-        parts = [here, *(part for part in self._get(calls, f"sampling iteration {iteration + 1}'s rollout",
-                                                    self.config.runtime.node_timeout_s) if part is not None)]
+        others = [part for part in self._get(calls, f"sampling iteration {iteration + 1}'s rollout",
+                                             self.config.runtime.node_timeout_s) if part is not None]
+        for _, _, conditioning in others:  # their prompts' embeddings: rank 0 encodes only its own share
+            self.model.adopt_prompt_conditioning(conditioning)
+        self.conditioning = self.model.prompt_conditioning(prompts) if self.actors else None  # for the update
+        parts = [here, *(part[:2] for part in others)]
         return concat_trajectories([part[0] for part in parts]), concat_outputs([part[1] for part in parts])
 
     def update(self, iteration: int, batch: RolloutBatch,
@@ -294,8 +300,8 @@ class TrainerRanks:
         rank gets the whole batch: the update's shuffle is over all rows and each computes its share of
         every minibatch (`spotlight.ranks.data_parallel`).
         """
-        batch_ref = self.shared(batch)
-        calls = [actor.update.remote(iteration, batch_ref, section) for actor in self.actors]
+        batch_ref, conditioning = self.shared(batch), self.shared(self.conditioning)
+        calls = [actor.update.remote(iteration, batch_ref, section, conditioning) for actor in self.actors]
         try:
             metrics = local(self.trained, RankShare(section, 0, self.world_size))
         except (RuntimeError, dist.DistBackendError) as error:  # a collective failed: which rank is gone?

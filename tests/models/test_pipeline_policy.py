@@ -181,6 +181,22 @@ def test_the_forward_answers_on_the_callers_device_and_dtype(tiny_pipeline) -> N
     assert velocity.dtype == torch.float64 and velocity.device == x.device
 
 
+def test_a_process_conditions_on_prompts_another_encoded_without_encoding_them(tiny_pipeline) -> None:
+    """K trainer ranks each encode their share of an iteration's prompts and adopt the others' embeddings: the
+    adopting process's forward equals the encoding one's, with its text encoders never loaded."""
+    folder = tiny_pipeline("sd3")
+    encoder, adopter = pipeline_policy(folder, "sd3"), pipeline_policy(folder, "sd3")
+    prompts = [PROMPT, "a blue square"]
+    adopter.adopt_prompt_conditioning(encoder.prompt_conditioning(prompts))
+    adopter.load_broadcast_state(encoder.broadcast_state())
+    adopter.prompts.release()  # any encoding would now raise
+    x = initial_latents([0, 1], encoder.latent_shape)
+    sigma = torch.full((2,), 0.7)
+    with torch.no_grad():
+        assert torch.equal(adopter(x, sigma, adopter.tokenize(prompts, guided=False)),
+                           encoder(x, sigma, encoder.tokenize(prompts, guided=False)))
+
+
 def test_released_text_encoders_serve_cached_prompts_and_refuse_new_ones(tiny_pipeline) -> None:
     policy = pipeline_policy(tiny_pipeline("flux"), "flux")
     rows = policy.tokenize([PROMPT, "a blue square", PROMPT])  # warm the cache (one encoding pass)

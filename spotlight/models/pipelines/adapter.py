@@ -339,6 +339,13 @@ class DiffusersPolicy(nn.Module):
         """A transformer alone denoises the task's pixels: its latents are the images (a folder's VAE overrides)."""
         return to_images(latents)
 
+    def prompt_conditioning(self, prompts: Sequence[str]) -> Any | None:
+        """Nothing: its task's token ids are the whole conditioning (a pipeline folder's cache overrides this)."""
+        return None
+
+    def adopt_prompt_conditioning(self, conditioning: Any | None) -> None:
+        """Nothing to take (a pipeline folder's cache overrides this)."""
+
     def schedule(self) -> Any | None:
         """None: Spotlight's sigma schedule (a pipeline folder's scheduler overrides this)."""
         return None

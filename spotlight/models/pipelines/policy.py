@@ -23,6 +23,7 @@ routing are the same code) whose conditioning and output are the pipeline's own:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -90,6 +91,15 @@ class PipelinePolicy(DiffusersPolicy):
         """Rows ``[prompt id, guided]`` (B, 2) int64, encoding each new prompt once (module docstring)."""
         ids = self.prompts.ids(prompts)
         return torch.stack([ids, torch.full_like(ids, int(guided))], dim=1)
+
+    def prompt_conditioning(self, prompts: Sequence[str]) -> dict[int, tuple[str, Any]]:
+        """The cached embeddings of ``prompts`` (encoding those not yet seen), for `adopt_prompt_conditioning`."""
+        return self.prompts.export(prompts)
+
+    def adopt_prompt_conditioning(self, conditioning: dict[int, tuple[str, Any]] | None) -> None:
+        """Another process's embeddings of its prompts into this one's cache: they need no encoding here."""
+        if conditioning:
+            self.prompts.adopt(conditioning)
 
     def decode_images(self, latents: torch.Tensor) -> torch.Tensor:
         """Images (B, 3, H, W) in [0, 1] on the CPU: the VAE decode of sampled latents (B, C, h, w)."""

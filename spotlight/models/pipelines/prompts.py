@@ -165,6 +165,19 @@ class PromptCache:
                     self._rows[key] = self._encode(pipe, self._texts[key])
         return torch.tensor(keys, dtype=torch.int64)
 
+    def export(self, prompts: Sequence[str]) -> dict[int, tuple[str, PromptEmbeddings]]:
+        """``prompts``' texts and cached rows by id (encoding any not yet cached): what `adopt` takes in another
+        process, so that K trainer ranks each encode 1/K of an iteration's prompts instead of all of them."""
+        keys = self.ids(prompts).tolist()
+        return {key: (self._texts[key], self._rows[key]) for key in dict.fromkeys(keys)}
+
+    def adopt(self, rows: dict[int, tuple[str, PromptEmbeddings]]) -> None:
+        """Rows another process encoded (`export`) into this cache; a prompt already cached keeps its own."""
+        for key, (text, row) in rows.items():
+            if self._texts.setdefault(key, text) != text:
+                raise RuntimeError(f"prompts {self._texts[key]!r} and {text!r} hash to the same id: report this")
+            self._rows.setdefault(key, row)
+
     def release(self) -> None:
         """Drop the text encoders: the cached prompts stay usable, a new prompt raises."""
         self._pipe = None
