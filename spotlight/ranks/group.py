@@ -42,7 +42,7 @@ from spotlight.components.manifest import write_text_durably
 from spotlight.diffusion.sampler import Trajectory
 from spotlight.ranks.data_parallel import RankShare, data_parallel
 from spotlight.ranks.mirrored import MirroredVersions
-from spotlight.ranks.placement import placement_error, process_group_backend, rank_options
+from spotlight.ranks.placement import PlacementTimeout, placement_error, process_group_backend, rank_placement
 from spotlight.ranks.rollout import (
     concat_outputs,
     concat_trajectories,
@@ -190,6 +190,7 @@ class TrainerRanks:
         self.world_size = config.trainer.devices
         self.cluster = None
         self.actors: list[Any] = []
+        self.placement: Any = None  # GPU ranks' placement group (`rank_placement`)
         if not ray.is_initialized() and self.world_size > 1:  # (fsdp on one device: a group of one, no Ray)
             from spotlight.runtime.spot.pools import LocalCluster
 
@@ -223,9 +224,13 @@ class TrainerRanks:
         problem = placement_error(config.device, self.world_size, ray.nodes())
         if problem is not None:
             raise RunError(problem)
-        rank_actor = ray.remote(**rank_options(config.device))(TrainerRank)
+        try:
+            self.placement, options = rank_placement(config.device, self.world_size, start_s)
+        except PlacementTimeout as error:
+            raise RunError(str(error)) from None
+        rank_actor = ray.remote(TrainerRank)
         shipped = None if reward is None else shipped_reward(reward, self.world_size)
-        self.actors = [rank_actor.remote(config, rank, config.rank_core(rank), shipped)
+        self.actors = [rank_actor.options(**options[rank - 1]).remote(config, rank, config.rank_core(rank), shipped)
                        for rank in range(1, self.world_size)]
         # a rank's process imports torch and builds the policy: as slow as a node on a loaded machine
         pids = self._get([actor.pid.remote() for actor in self.actors], "starting", start_s)
@@ -335,6 +340,11 @@ class TrainerRanks:
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
         self.actors = []
+        if self.placement is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self.placement)
+            self.placement = None
         if dist.is_initialized():
             dist.destroy_process_group()
         if self.cluster is not None:

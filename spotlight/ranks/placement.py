@@ -4,7 +4,10 @@
            (`TrainConfig.rank_core`), taking no Ray CPU: the cores are the config's, not Ray's
     cuda   NCCL; ranks 1..K-1 are actors holding one Ray GPU each on the cluster's on-demand nodes (those
            offering ``on_demand``, as the driver's does: a trainer rank is never put on a spot node, whose
-           loss would stop the run), across nodes in an attached cluster; rank 0 is the driver on its device
+           loss would stop the run), across nodes in an attached cluster; rank 0 is the driver on its device.
+           They are placed as one placement group (`rank_placement`): K-1 one-GPU bundles, PACK (as few
+           nodes as possible, so NVLink carries most of each collective), reserved all at once or not at
+           all, so a run never starts with half its ranks and waits for the rest
 
 Not handled yet (no GPU was lent to try it): on the driver's own node Ray does not know which GPU the
 driver holds, so it may hand that GPU to a rank; start that node's Ray with ``CUDA_VISIBLE_DEVICES``
@@ -16,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["placement_error", "process_group_backend", "rank_options"]
+__all__ = ["PlacementTimeout", "placement_error", "process_group_backend", "rank_options", "rank_placement"]
 
 ON_DEMAND_SHARE = 1e-3
 
@@ -40,6 +43,31 @@ def rank_options(device: str) -> dict[str, Any]:
 
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     return {"num_cpus": 0, "max_restarts": 0, "scheduling_strategy": here}
+
+
+def rank_placement(device: str, world_size: int, timeout_s: float) -> tuple[Any | None, list[dict[str, Any]]]:
+    """The placement group of ranks 1..K-1 (None on the CPU) and each rank's `ray.remote` options.
+
+    Raises `PlacementTimeout` (one line naming the knob) when Ray cannot reserve every bundle in ``timeout_s``.
+    """
+    if not uses_gpus(device):
+        return None, [rank_options(device) for _ in range(1, world_size)]
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    bundle = {"GPU": 1.0, "on_demand": ON_DEMAND_SHARE}
+    group = placement_group([dict(bundle) for _ in range(1, world_size)], strategy="PACK")
+    if not group.wait(timeout_seconds=timeout_s):
+        remove_placement_group(group)
+        raise PlacementTimeout(f"trainer ranks 1..{world_size - 1}: Ray could not reserve {world_size - 1} GPUs on "
+                               f"on-demand nodes in {timeout_s:.0f} s (other jobs hold them, or the cluster is still "
+                               f"growing): lower trainer.devices, free GPUs, or raise runtime.node_timeout_s")
+    return group, [{**rank_options(device), "scheduling_strategy": PlacementGroupSchedulingStrategy(
+        group, placement_group_bundle_index=index)} for index in range(world_size - 1)]
+
+
+class PlacementTimeout(RuntimeError):
+    """Ray could not reserve the ranks' placement group in time (the message is one line with the fix)."""
 
 
 def placement_error(device: str, world_size: int, nodes: Sequence[Mapping[str, Any]]) -> str | None:
