@@ -225,7 +225,17 @@ def disaggregated(result: dict) -> list[Table]:
 
 
 def trainer_scaling(result: dict) -> list[Table]:
-    """Trainer ranks: update throughput for K devices, and the all-reduce bytes of the real families."""
+    """Trainer ranks: the loop's rollout and update on K = 1 and 2 ranks, update throughput for K devices, and the
+    all-reduce bytes of the real families."""
+    loop = Table(["case", "ranks", "rollout (s)", "update (s)", "rollout K=2/K=1", "update K=2/K=1"],
+                 caption="The loop (mode vanilla, no spot device), median of the repeats; ratios pair by pair:")
+    ratios = result.get("loop_ratio_k2_over_k1", {})
+    for row in result.get("loop", []):
+        case_ratios = ratios.get(row["case"], {}) if row.get("devices") == 2 else {}
+        loop.rows.append([row["case"], fmt(row.get("devices"), 0), fmt(row["rollout"]["median_s"], 2),
+                          fmt(row["train"]["median_s"], 2),
+                          fmt(case_ratios.get("rollout", {}).get("median"), 2) if case_ratios else "",
+                          fmt(case_ratios.get("train", {}).get("median"), 2) if case_ratios else ""])
     scaling = Table(["ranks", "update (s)", "samples / s", "all-reduce (s)"],
                     caption=f"Load average {fmt(result.get('load_average'), 1)} from other jobs during the run.")
     for row in result.get("scaling", []):
@@ -237,7 +247,7 @@ def trainer_scaling(result: dict) -> list[Table]:
         families.rows.append([row["model"], fmt(row.get("parameters"), 0),
                               fmt(row.get("lora_allreduce_bytes", 0) / 2**20, 0),
                               fmt(row.get("full_allreduce_bytes", 0) / 2**30, 1)])
-    return [scaling, families]
+    return [loop, scaling, families]
 
 
 def reward_accuracy(result: dict) -> list[Table]:

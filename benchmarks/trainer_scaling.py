@@ -11,6 +11,8 @@ iterations after a warm-up one, as median, min and max, for
            samples, 10 steps) and update (NFT, 2 epochs x 4 minibatches), the shapes reward
     sd3    a tiny SD3 pipeline folder (`spotlight make-tiny-pipeline sd3`, LoRA rank 4) at 32 px, 8 prompts x
            4 samples, 4 steps, the same update, a brightness reward (a Python function reward)
+    sd3-fsdp  the same folder's transformer fine-tuned in full: K = 1 one plain process, K = 2 FSDP2 inside the
+           loop (`trainer.sharding: fsdp`: every version sharded, θ_old gathered into each rank's sampler)
 
 Measured apart: the default NFT update of the toy model on random clean samples, one process per rank
 (mp, gloo), and one gloo all-reduce of the TinyDiT's float32 gradient between the two cores.
@@ -144,7 +146,8 @@ def loop_settings(case: str, folder: Path) -> dict:
     settings = {"mode": "vanilla", "iterations": 100, "device_cores": [0, 1], "runtime": {"node_timeout_s": 600}}
     if case == "toy":
         return settings
-    return {**settings, "model": {"pretrained": str(folder)}, "reward": {"name": "trainer_scaling:brightness"},
+    model = {"pretrained": str(folder), **({"finetune": "full"} if case == "sd3-fsdp" else {})}
+    return {**settings, "model": model, "reward": {"name": "trainer_scaling:brightness"},
             "rollout": {"prompts_per_iteration": 8, "group_size": 4, "num_steps": 4, "resolution": 32,
                         "sde_steps": None, "guidance_scale": 2.0}}
 
@@ -152,8 +155,9 @@ def loop_settings(case: str, folder: Path) -> dict:
 def open_trainer(case: str, devices: int, root: Path) -> Trainer:
     """A trainer of one case (module docstring) on ``devices`` ranks, rank 0 pinned to core 0."""
     settings = loop_settings(case, root / "sd3")
+    sharding = "fsdp" if case == "sd3-fsdp" and devices > 1 else "ddp"
     config = parse_config(TrainConfig, {**settings, "run_dir": str(root / f"{case}-{devices}"),
-                                        "trainer": {"devices": devices}})
+                                        "trainer": {"devices": devices, "sharding": sharding}})
     shutil.rmtree(config.run_dir, ignore_errors=True)
     return Trainer(config)
 
@@ -257,13 +261,13 @@ def ratio(rows: list[dict], case: str, phase: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--cases", nargs="+", default=["toy", "sd3"], choices=["toy", "sd3"])
+    parser.add_argument("--cases", nargs="+", default=["toy", "sd3", "sd3-fsdp"], choices=["toy", "sd3", "sd3-fsdp"])
     args = parser.parse_args()
     load = os.getloadavg()[0]
     root = Path(tempfile.mkdtemp(prefix="trainer-scaling-"))
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent),
                                                              os.environ.get("PYTHONPATH")]))  # the ranks' reward
-    if "sd3" in args.cases:
+    if {"sd3", "sd3-fsdp"} & set(args.cases):
         from spotlight.models.pipelines.tiny import save_tiny_pipeline
 
         save_tiny_pipeline("sd3", root / "sd3")
@@ -275,11 +279,11 @@ def main() -> None:
     shutil.rmtree(root, ignore_errors=True)
     print(f"the loop, mode vanilla, no spot device; load average {load:.1f} before, {load_after:.1f} after "
           f"(2 cores: a shared machine's numbers are indicative)")
-    print(f"{'case':<5} {'K':>2} {'rollout s (min-max)':>22} {'update s (min-max)':>22}")
+    print(f"{'case':<8} {'K':>2} {'rollout s (min-max)':>22} {'update s (min-max)':>22}")
     for row in loop:
         cells = [f"{row[p]['median_s']:>6.2f} ({row[p]['min_s']:.2f}-{row[p]['max_s']:.2f})"
                  for p in ("rollout", "train")]
-        print(f"{row['case']:<5} {row['devices']:>2} {cells[0]:>22} {cells[1]:>22}")
+        print(f"{row['case']:<8} {row['devices']:>2} {cells[0]:>22} {cells[1]:>22}")
     for case, phases in ratios.items():
         print(f"{case}: K=2/K=1 (median of pairs, min-max) rollout {phases['rollout']['median']:.2f}x "
               f"({phases['rollout']['best']:.2f}-"
