@@ -13,13 +13,17 @@ and the other ranks are remote hands for two calls an iteration:
     update    each gets the whole scored rollout and runs the same update (`spotlight.rl.rollout_update`)
               on its share of the rows, the gradients meeting in DDP (`spotlight.ranks.data_parallel`)
 
-Rank 0 validates, checkpoints and logs; a checkpoint is the plain policy, so any K' loads it.
+Rank 0 validates, checkpoints and logs; a DDP checkpoint is the plain policy, so any K' loads it.
 
-The ranks' weights and optimizer state are the driver's: sent whole at the start, after ``--resume`` and
-after a guard rollback (`synchronise`), and kept equal by every DDP step since (the same reduced
-gradient on every rank). A rank that dies (its process killed, its device lost) fails the gloo/NCCL
-collective the others wait in (the group's timeout bounds it if the transport does not notice) or its
-Ray call: the run stops with one line naming the rank, and ``--resume`` continues from the last checkpoint.
+DDP: the ranks' weights and optimizer state are the driver's, sent whole at the start, after ``--resume``
+and after a guard rollback (`synchronise`), and kept equal by every DDP step since (the same reduced
+gradient on every rank). FSDP2 (``trainer.sharding: fsdp``): every rank holds its shards of θ and of
+each version, and the driver's `MirroredVersions` runs every call on the versions on all ranks at once
+(`spotlight.ranks.mirrored`), checkpoints included (each rank writes its shards).
+
+A rank that dies (its process killed, its device lost) fails the gloo/NCCL collective the others wait
+in (the group's timeout bounds it if the transport does not notice) or its Ray call: the run stops with
+one line naming the rank, and ``--resume`` continues from the last checkpoint.
 """
 
 from __future__ import annotations
@@ -75,7 +79,8 @@ def join_group(device: str, address: str, rank: int, world_size: int) -> None:
 
 
 class TrainerRank:
-    """Rank k ≥ 1 (a Ray actor): the policy, θ_old, the frozen reference and the optimizer, replicas of the driver's.
+    """Rank k ≥ 1 (a Ray actor): the policy, θ_old, the frozen reference and the optimizer: replicas of the driver's
+    (DDP), or this rank's shards of them and a whole sampler (FSDP2, `ShardedVersions`, built at `join`).
 
     ``reward``: the driver's when a caller handed the trainer one; None: built here from the config.
     """
