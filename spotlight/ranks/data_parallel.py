@@ -56,17 +56,21 @@ def data_parallel(model: nn.Module, world_size: int) -> nn.Module:
     return nn.parallel.DistributedDataParallel(model, init_sync=False)
 
 
-def sharded(model: nn.Module, cpu_offload: bool = False, activation_checkpointing: bool = False) -> nn.Module:
+def sharded(model: nn.Module, cpu_offload: bool = False, activation_checkpointing: bool = False,
+            param_dtype: torch.dtype | None = None) -> nn.Module:
     """``model`` with its parameters sharded over the ranks by FSDP2, gradients summed (see the module).
 
     Each block of the root's ``nn.ModuleList`` children (TinyDiT's and the diffusers transformers'
     blocks) is its own FSDP unit, so one block's weights are whole at a time; the root (the TinyDiT, or
     the diffusers policy's transformer) holds the rest. With
-    ``activation_checkpointing`` each block recomputes its activations in the backward.
+    ``activation_checkpointing`` each block recomputes its activations in the backward. ``param_dtype``:
+    the dtype each unit's weights are all-gathered and computed in (bf16 halves the gathers), the
+    gradients reduced in float32 into the float32 shards.
     """
-    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     offload = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
+    precision = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
     # a diffusers policy's frozen text encoders and VAE are shared with other policies: only its transformer shards
     root = model.shard_root
     blocks = [block for module in root.children() if isinstance(module, nn.ModuleList) for block in module
@@ -77,8 +81,8 @@ def sharded(model: nn.Module, cpu_offload: bool = False, activation_checkpointin
         for block in blocks:
             checkpoint(block)
     for block in blocks:
-        fully_shard(block, offload_policy=offload)
-    fully_shard(root, offload_policy=offload)
+        fully_shard(block, offload_policy=offload, mp_policy=precision)
+    fully_shard(root, offload_policy=offload, mp_policy=precision)
     for unit in root.modules():
         if isinstance(unit, FSDPModule):  # a plain SUM (gloo has no pre-multiplied sum), divided by 1
             unit.set_force_sum_reduction_for_comms(True)

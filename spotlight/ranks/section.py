@@ -21,10 +21,12 @@ class TrainerSection(Section):
     sharding: Literal["ddp", "fsdp"] = "ddp"
     cpu_offload: bool = False  # fsdp: keep the sharded weights, gradients and moments in host memory
     activation_checkpointing: bool = False  # fsdp: recompute each block's activations in the backward
-    # fsdp: the dtype of each rank's whole sampling copy of θ_old (null: the trained weights' own, float32 for a
-    # full fine-tune). bfloat16 halves it (2 bytes a parameter: Qwen-Image's 20 B, 41 GB instead of 82 GB); the
-    # sampling forward of a bf16 pipeline runs in bf16 anyway (autocast), so only non-matmul weights round
-    sampler_dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    # fsdp: the dtype whole weights are materialised in: each rank's sampling copy of θ_old and FSDP2's per-block
+    # all-gathers (its MixedPrecisionPolicy param_dtype; gradients still reduce in float32 into float32 shards and
+    # moments). null: the trained weights' own (float32 for a full fine-tune). bfloat16 halves both: Qwen-Image's
+    # 20 B sampling copy is 41 GB instead of 82 GB. A bf16 pipeline's forward runs in bf16 anyway (autocast), so
+    # only the weights autocast keeps in float32 (norms, biases) round differently
+    whole_dtype: Literal["float32", "bfloat16", "float16"] | None = None
 
     @property
     def in_group(self) -> bool:
@@ -62,9 +64,9 @@ def ranks_problem(config: Any) -> str | None:
     if config.trainer.sharding == "fsdp" and diffusers and config.model.finetune == "lora":
         return ("trainer.sharding fsdp with model.finetune lora: LoRA trains with ddp (only its adapters' gradients "
                 "are all-reduced; the frozen base needs no sharding): set trainer.sharding ddp")
-    if config.trainer.sampler_dtype not in (None, "float32") and not diffusers:
-        return (f"trainer.sampler_dtype {config.trainer.sampler_dtype}: a TinyDiT samples in float32 only (it has no "
-                "autocast): set trainer.sampler_dtype null")
+    if config.trainer.whole_dtype not in (None, "float32") and not diffusers:
+        return (f"trainer.whole_dtype {config.trainer.whole_dtype}: a TinyDiT runs in float32 only (it has no "
+                "autocast): set trainer.whole_dtype null")
     if config.trainer.sharding == "fsdp" and config.mode is Mode.STALE_EXPLORE:
         return (f"trainer.devices={devices} with trainer.sharding fsdp: mode stale-explore explores with a whole "
                 "θ_{i-1}, which fsdp keeps only as shards: use mode spotlight (stale exploration on spot devices), or "

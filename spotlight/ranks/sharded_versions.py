@@ -74,8 +74,10 @@ class ShardedVersions:
     """
 
     def __init__(self, whole: LoopModel, section: Any, trainer: Any) -> None:
+        whole_dtype = None if trainer.whole_dtype is None else getattr(torch, trainer.whole_dtype)
+
         def shard(policy: LoopModel, trained: bool = False) -> LoopModel:
-            return sharded(policy, trainer.cpu_offload, trainer.activation_checkpointing and trained)
+            return sharded(policy, trainer.cpu_offload, trainer.activation_checkpointing and trained, whole_dtype)
 
         self.rank = dist.get_rank()
         self.model = shard(copy.deepcopy(whole), trained=True)
@@ -85,7 +87,7 @@ class ShardedVersions:
         self.trailing = shard(copy.deepcopy(frozen)) if section.old_policy_decay else None
         self.previous = shard(frozen)
         self.sampler = whole.requires_grad_(False)
-        self.sampler_dtype = None if trainer.sampler_dtype is None else getattr(torch, trainer.sampler_dtype)
+        self.whole_dtype = whole_dtype
         self._sampler_holds: LoopModel = self._sampling_shards
 
     @property
@@ -141,9 +143,9 @@ class ShardedVersions:
             self.gather_into_sampler(self.model)
 
     def _cast_sampler(self) -> None:
-        """The whole copy in ``trainer.sampler_dtype`` (bf16: half the bytes; each load casts what it gathers)."""
-        if self.sampler_dtype is not None:
-            self.sampler.shard_root.to(self.sampler_dtype)
+        """The whole copy in ``trainer.whole_dtype`` (bf16: half the bytes; each load casts what it gathers)."""
+        if self.whole_dtype is not None:
+            self.sampler.shard_root.to(self.whole_dtype)
 
     def start(self) -> None:
         """Every version, the reference too, from rank 0's starting weights (a broadcast, then each rank keeps its

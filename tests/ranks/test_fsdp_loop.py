@@ -163,16 +163,22 @@ def test_fsdp_on_one_device_is_a_group_of_one_that_trains_as_one_process(tiny_ba
 
 
 @pytest.mark.slow
-def test_a_bf16_sampler_copy_halves_the_whole_weights_a_rank_keeps(tiny_pipeline, tmp_path: Path) -> None:
-    """``trainer.sampler_dtype: bfloat16``: the whole copy each rank samples with is bf16, θ's shards stay float32,
-    and the run trains and exports as with a float32 copy."""
+def test_bf16_whole_weights_halve_the_sampler_and_the_gathers_and_keep_float32_shards(tiny_pipeline,
+                                                                                     tmp_path: Path) -> None:
+    """``trainer.whole_dtype: bfloat16``: the whole copy each rank samples with is bf16, and so are the weights
+    FSDP2 gathers for θ's forward (its mixed-precision policy), while θ's shards, which AdamW steps, stay
+    float32; the run trains and exports."""
     from spotlight.trainer import Trainer
 
     config = parse_config(TrainConfig, {**settings(tiny_pipeline("sd3"), tmp_path / "bf16", devices=1),
-                                        "iterations": 1, "trainer": {"sharding": "fsdp", "sampler_dtype": "bfloat16"}})
+                                        "iterations": 1, "trainer": {"sharding": "fsdp", "whole_dtype": "bfloat16"}})
     trainer = Trainer(config)
     assert {p.dtype for p in trainer.sampler.shard_root.parameters()} == {torch.bfloat16}
-    assert {p.dtype for p in trainer.model.shard_root.parameters()} == {torch.float32}
+    gathered: set[torch.dtype] = set()
+    linear = next(m for m in trainer.model.shard_root.modules() if isinstance(m, torch.nn.Linear))
+    linear.register_forward_pre_hook(lambda module, args: gathered.add(module.weight.dtype))
     summary = trainer.run()
     assert summary.history[-1]["train/grad_norm"] > 0
+    assert gathered == {torch.bfloat16}
+    assert {p.dtype for p in trainer.model.shard_root.parameters()} == {torch.float32}
     check_transformer_folder(latest_checkpoint(tmp_path / "bf16"))

@@ -32,8 +32,8 @@ def test_disaggregated_and_what_fsdp_cannot_keep_are_refused_with_k_ranks() -> N
     assert "set trainer.devices 1" in one_line(disaggregated)
     fsdp = {"device_cores": [0, 1], "trainer": {"devices": 2, "sharding": "fsdp"}}
     assert "set trainer.sharding ddp" in one_line({**fsdp, "mode": "stale-explore"})
-    assert "set trainer.sampler_dtype null" in one_line({**fsdp, "trainer": {**fsdp["trainer"],
-                                                                              "sampler_dtype": "bfloat16"}})
+    assert "set trainer.whole_dtype null" in one_line({**fsdp, "trainer": {**fsdp["trainer"],
+                                                                              "whole_dtype": "bfloat16"}})
     parse_config(TrainConfig, fsdp)  # a TinyDiT trained in full, sharded in the loop: accepted
 
 
