@@ -62,6 +62,8 @@ def smoke_config(folder: Path, run_dir: Path, args: argparse.Namespace) -> Train
         "rollout.num_steps=6", "train.num_minibatches=2", "train.num_epochs=1", "eval.every=1000",
         "eval.seeds_per_prompt=1", "eval.num_steps=4", "eval.raw_model=false", "checkpoint_every=1000",
         f"model.finetune={args.finetune}", f"trainer.sharding={args.sharding}",
+        # fsdp: whole weights (the sampler copy, the per-block gathers) in the run's dtype, shards in float32
+        *([f"trainer.whole_dtype={args.dtype}"] if args.sharding == "fsdp" else []),
     ])
 
 
