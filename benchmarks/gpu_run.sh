@@ -4,6 +4,8 @@
 #   MODELS="sd35m" bash benchmarks/gpu_run.sh                  # ~2-3 min on one H100/H200 (set-up included)
 #   MODELS="qwen-image" bash benchmarks/gpu_run.sh             # the 20.4 B transformer: budget ~8 min
 #   bash benchmarks/gpu_run.sh --iterations 2 --set train.micro_batch_size=16   # extra arguments go to every model
+#   MODELS="" FSDP=1 bash benchmarks/gpu_run.sh                # only the FSDP2 path on NCCL in bf16 (~1 min):
+#                                                              # gpu_smoke.py --finetune full --sharding fsdp
 #
 # The lent H200 image has torch, transformers, peft, safetensors, typer and rich, but not diffusers, ray,
 # pydantic (and their small dependencies), and reaches no package registry. So when they do not import,
@@ -59,3 +61,9 @@ for model in $MODELS; do
         2>&1 | tee "$OUT/gpu_throughput_$model.log"
     rm -rf "${WORK:?}/$model"  # free the room for the next model
 done
+
+if [ -n "${FSDP:-}" ]; then  # the FSDP2 loop on this GPU: a process group of one (NCCL), bf16 whole weights
+    (cd benchmarks && "$PYTHON" gpu_smoke.py --families sd3 --finetune full --sharding fsdp) 2>&1 \
+        | tee "$OUT/gpu_smoke_fsdp.log"
+    cp benchmarks/results/gpu_smoke_fsdp.json "$OUT/" 2>/dev/null || true
+fi
