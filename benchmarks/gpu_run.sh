@@ -19,7 +19,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results}
-MODELS=${MODELS:-sd35m}
+MODELS=${MODELS-sd35m}  # (MODELS="": no model, e.g. with FSDP=1)
 SITE_TAR=${SITE_TAR:-.whl/py312-site.tar.xz}
 PYTHON=${PYTHON:-$(command -v python3 || command -v python)}
 mkdir -p "$OUT"
@@ -63,7 +63,6 @@ for model in $MODELS; do
 done
 
 if [ -n "${FSDP:-}" ]; then  # the FSDP2 loop on this GPU: a process group of one (NCCL), bf16 whole weights
-    (cd benchmarks && "$PYTHON" gpu_smoke.py --families sd3 --finetune full --sharding fsdp) 2>&1 \
-        | tee "$OUT/gpu_smoke_fsdp.log"
+    "$PYTHON" benchmarks/gpu_smoke.py --families sd3 --finetune full --sharding fsdp 2>&1 | tee "$OUT/gpu_smoke_fsdp.log"
     cp benchmarks/results/gpu_smoke_fsdp.json "$OUT/" 2>/dev/null || true
 fi
