@@ -92,6 +92,26 @@ def test_full_fine_tuning_keeps_float32_weights_and_copies() -> None:
     assert estimate.phases["update activations"] == 6_803_324_928  # no LoRA, no float32 adapter inputs
 
 
+def test_fsdp_shards_the_training_state_beside_one_whole_copy_to_sample_with() -> None:
+    """A full fine-tune on 8 FSDP2 ranks with bf16 whole weights: 1/8 of θ, gradients, AdamW's moments and the
+    three frozen copies (EMA, θ_old, reference) in float32, one bf16 transformer, two bf16 blocks gathered."""
+    common = {"dtype": "bfloat16", "finetune": "full", "optimizer": "adamw", "frozen_copies": 2, "reference": True,
+              "tokens": 1357, "rows": 4, "gradient_checkpointing": False}
+    whole = estimate_training_memory(SIZES, **common)
+    sharded = estimate_training_memory(SIZES, **common, shards=8, whole_bytes=2)
+    assert sharded.parts == {
+        "transformer (whole, sampling)": 5_000_000_000, "vae": 168_000_000,
+        "trained shard": 1_250_000_000, "gradients": 1_250_000_000, "optimizer": 2_500_000_000,
+        "frozen copies": 3_750_000_000,  # 3 x 10 GB / 8
+        "gathered blocks": 2 * 5_000_000_000 // 24,
+        "cuda context": GIB // 2,
+    }
+    assert sharded.phases == whole.phases  # activations are a rank's own micro-batch either way
+    held = sum(whole.parts.values()) - sum(sharded.parts.values())
+    assert held > 5 * 10**10  # 70.7 GB held by one process, 14.9 GB by each of the 8 ranks
+    assert "transformer (whole, sampling) 4.7 GiB" in sharded.summary()
+
+
 def test_a_runs_estimate_reads_its_resolution_text_length_and_minibatch(sd3_folder: Path) -> None:
     config = load_config(TrainConfig, None, [f"model.pretrained={sd3_folder}", "rollout.resolution=32",
                                              "train.ema_decay=null", "train.old_policy_decay=0"])

@@ -212,7 +212,8 @@ def estimate_training_memory(sizes: ModelSizes, *, dtype: Literal["float32", "bf
                              finetune: Literal["lora", "full"], optimizer: Literal["adamw", "sgd"],
                              frozen_copies: int, reference: bool, tokens: int, rows: int,
                              gradient_checkpointing: bool, text_tokens: int = 0, sample_rows: int = 0,
-                             merged_lora: bool = False, pixels: int = 0) -> MemoryEstimate:
+                             merged_lora: bool = False, pixels: int = 0, shards: int | None = None,
+                             whole_bytes: int = 4) -> MemoryEstimate:
     """The memory of one training process (module docstring).
 
     ``frozen_copies``: how many of the EMA, θ_old and θ_{i-1} the loop keeps; ``reference``: whether the
@@ -221,6 +222,11 @@ def estimate_training_memory(sizes: ModelSizes, *, dtype: Literal["float32", "bf
     times NFT's noise levels, doubled for a guided update); ``sample_rows``: samples in one sampling
     forward (the rollout, doubled with true CFG; 0: no sampling phase); ``merged_lora``: the rollout
     folds the LoRA into copies of the targeted weights; ``pixels``: H x W of a decoded image (0: no VAE).
+
+    ``shards``: a full fine-tune under FSDP2 on that many ranks (None: no FSDP; `spotlight.ranks.sharded_versions`):
+    θ, its gradients and moments and every frozen copy are 1/shards on each rank, beside one whole copy
+    of the transformer to sample with and two blocks gathered at a time, both ``whole_bytes`` a parameter
+    (``trainer.whole_dtype``).
     """
     unit = DTYPE_BYTES[dtype]
     full = finetune == "full"
@@ -237,6 +243,25 @@ def estimate_training_memory(sizes: ModelSizes, *, dtype: Literal["float32", "bf
     sampling = SAMPLING_TENSORS_PER_TOKEN * sample_rows * tokens * sizes.hidden * unit
     if merged_lora and not full:
         sampling += sizes.lora_weights * unit
+    if full and shards is not None:  # FSDP2: the training state sharded, one whole copy
+        return MemoryEstimate(
+            parts={
+                "transformer (whole, sampling)": sizes.transformer * whole_bytes,
+                "vae": sizes.vae * unit,
+                "trained shard": trained * 4 // shards,
+                "gradients": trained * 4 // shards,
+                "optimizer": trained * 4 * OPTIMIZER_STATES[optimizer] // shards,
+                "frozen copies": copies * trained * 4 // shards,
+                "gathered blocks": 2 * sizes.transformer * whole_bytes // max(sizes.blocks, 1),
+                "cuda context": CUDA_CONTEXT_BYTES,
+            },
+            phases={
+                "update activations": activations,
+                "sampling": sampling,
+                "vae decode": DECODE_MAPS * DECODE_BATCH * pixels * sizes.vae_channels * unit,
+                "text encoders": sizes.text_encoders * unit,
+            },
+        )
     return MemoryEstimate(
         parts={
             "transformer": sizes.transformer * (4 if full else unit),
@@ -305,7 +330,15 @@ def run_memory_estimate(config: TrainConfig, micro_batch_size: int | None = None
         reference=uses_reference, tokens=height * width // 4 + text_tokens, rows=training_rows(config, micro),
         gradient_checkpointing=section.gradient_checkpointing, text_tokens=text_tokens,
         sample_rows=min(samples, GENERATE_CHUNK) * (2 if guided else 1), merged_lora=merged,
-        pixels=pixel_height * pixel_width)
+        pixels=pixel_height * pixel_width, **fsdp_layout(config))
+
+
+def fsdp_layout(config: TrainConfig) -> dict[str, int]:
+    """How an FSDP2 run spreads the memory: its ranks (``shards``) and the bytes of a whole weight; {} otherwise."""
+    trainer = config.trainer
+    if trainer.sharding != "fsdp":
+        return {}
+    return {"shards": trainer.devices, "whole_bytes": DTYPE_BYTES[trainer.whole_dtype or "float32"]}
 
 
 def choose_micro_batch(config: TrainConfig, device_bytes: int, headroom: float = 0.9) -> int | None:
