@@ -67,6 +67,7 @@ from spotlight.loop.streams import Stream, iteration_generator, iteration_prompt
 from spotlight.models.loop_model import LoopModel
 from spotlight.models.pipelines.memory_estimate import out_of_memory_message, with_estimated_micro_batch
 from spotlight.ranks.group import TrainerRanks
+from spotlight.ranks.placement import hidden_driver_gpu
 from spotlight.ranks.rollout import score_share
 from spotlight.report.grid import save_grid
 from spotlight.rewards.base import Reward, RewardOutput
@@ -125,15 +126,17 @@ class Trainer:
             else:  # damaged model files named before a library reads them; their fingerprint kept for --resume
                 record_model(self.run_dir, config)
             self._setup(config, reward, resume)
-            self.backend = open_backend(TrainerView(
-                config, self.sampler, self.previous, self.eval_model, self.reward, self.train_prompts, self.planner,
-                self.monitor, self.run_dir))
+            self.ranks = None  # trainer.devices K > 1: this process is rank 0 of K (spotlight/ranks/group.py)
+            with hidden_driver_gpu(config.device):  # Ray started now must not hand this process's GPU to a rank
+                self.backend = open_backend(TrainerView(
+                    config, self.sampler, self.previous, self.eval_model, self.reward, self.train_prompts,
+                    self.planner, self.monitor, self.run_dir))
+                if config.trainer.in_group:
+                    self.ranks = TrainerRanks(config, self.model, self.optimizer,
+                                             None if reward is None else self.reward)
             if resume:  # what it had in flight (spotlight's next seeds)
                 self.backend.load_state_dict(self.backend_state)
-            self.ranks = None  # trainer.devices K > 1: this process is rank 0 of K (spotlight/ranks/group.py)
-            if config.trainer.in_group:
-                self.ranks = TrainerRanks(config, self.model, self.optimizer,
-                                         None if reward is None else self.reward)
+            if self.ranks is not None:
                 if self.ranks.versions is None:
                     self.ranks.synchronise()
                 else:  # fsdp: θ and its versions sharded over the ranks, from the start or the checkpoint
@@ -144,8 +147,10 @@ class Trainer:
                     else:
                         self.versions.start()
         except BaseException:
-            try:
-                if getattr(self, "backend", None) is not None and getattr(self, "ranks", None) is None:
+            try:  # a start that fails half-way (a rank that dies restoring, a checkpoint it cannot read) leaves no Ray
+                if getattr(self, "ranks", None) is not None:
+                    self.ranks.close()
+                if getattr(self, "backend", None) is not None:
                     self.backend.close()
             finally:
                 self._lock.release()

@@ -226,7 +226,8 @@ class TrainerRanks:
     def _start_ranks(self, reward: Reward | None, start_s: float) -> None:
         """Ranks 1..K-1 as Ray actors, one device each; their pids in ``trainer-ranks.json``."""
         config = self.config
-        problem = placement_error(config.device, self.world_size, ray.nodes())
+        problem = placement_error(config.device, self.world_size, ray.nodes(),
+                                  counts_driver_gpu=config.runtime.address is not None)
         if problem is not None:
             raise RunError(problem)
         try:

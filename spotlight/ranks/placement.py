@@ -9,17 +9,22 @@
            nodes as possible, so NVLink carries most of each collective), reserved all at once or not at
            all, so a run never starts with half its ranks and waits for the rest
 
-Not handled yet (no GPU was lent to try it): on the driver's own node Ray does not know which GPU the
-driver holds, so it may hand that GPU to a rank; start that node's Ray with ``CUDA_VISIBLE_DEVICES``
-leaving out the driver's GPU, or put the ranks on other on-demand nodes.
+On the driver's own node Ray does not know which GPU the driver holds, and would hand it to a rank (or a
+spot device) while another GPU idles: the Ray nodes the run starts on this machine are started with
+``CUDA_VISIBLE_DEVICES`` leaving that GPU out (`hidden_driver_gpu`). An attached cluster's nodes were
+started before the run: start the driver node's Ray with ``CUDA_VISIBLE_DEVICES`` leaving out the GPU the
+driver will use, or run the driver on a node without ranks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["PlacementTimeout", "placement_error", "process_group_backend", "rank_options", "rank_placement"]
+__all__ = ["PlacementTimeout", "hidden_driver_gpu", "placement_error", "process_group_backend", "rank_options",
+           "rank_placement"]
 
 ON_DEMAND_SHARE = 1e-3
 
@@ -27,6 +32,31 @@ ON_DEMAND_SHARE = 1e-3
 def uses_gpus(device: str) -> bool:
     """Whether ``device`` (``cpu``, ``cuda``, ``cuda:1``) puts the ranks on GPUs."""
     return device.split(":")[0] == "cuda"
+
+
+@contextmanager
+def hidden_driver_gpu(device: str) -> Iterator[None]:
+    """While the block starts Ray's nodes on this machine, ``CUDA_VISIBLE_DEVICES`` lists every GPU but the one
+    this process trains on (``device``), so Ray, which gives its actors GPUs from that list, never puts a
+    rank or a spot device on it; the variable is restored after (this process's CUDA context is made)."""
+    import torch
+
+    if not uses_gpus(device) or not torch.cuda.is_available():
+        yield
+        return
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [i.strip() for i in before.split(",") if i.strip()] if before else \
+        [str(i) for i in range(torch.cuda.device_count())]
+    index = torch.device(device).index
+    mine = ids[torch.cuda.current_device() if index is None else index]
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(i for i in ids if i != mine)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
 
 
 def process_group_backend(device: str) -> str:
@@ -70,18 +100,20 @@ class PlacementTimeout(RuntimeError):
     """Ray could not reserve the ranks' placement group in time (the message is one line with the fix)."""
 
 
-def placement_error(device: str, world_size: int, nodes: Sequence[Mapping[str, Any]]) -> str | None:
+def placement_error(device: str, world_size: int, nodes: Sequence[Mapping[str, Any]],
+                    counts_driver_gpu: bool = True) -> str | None:
     """One line when Ray cannot place ranks 1..K-1 (``nodes``: `ray.nodes()`), else None.
 
     Only GPUs are counted: a CPU rank takes a core the config pins (checked when the config loads), not a
-    Ray CPU. The GPUs are those of the live on-demand nodes, less the driver's own; the line names the
-    first rank without one and the knob.
+    Ray CPU. The GPUs are those of the live on-demand nodes, less the driver's own when Ray counts it (an
+    attached cluster; the nodes a run starts leave it out, `hidden_driver_gpu`); the line names the first
+    rank without one and the knob.
     """
     if not uses_gpus(device) or world_size == 1:
         return None
     gpus = sum(int(node["Resources"].get("GPU", 0)) for node in nodes
                if node.get("Alive") and node["Resources"].get("on_demand", 0) > 0)
-    free = max(0, gpus - 1)  # the driver's device is one of them
+    free = max(0, gpus - int(counts_driver_gpu))
     if free >= world_size - 1:
         return None
     return (f"trainer rank {free + 1} of {world_size} has no GPU: trainer.devices={world_size} needs {world_size - 1} "

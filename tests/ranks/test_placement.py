@@ -45,3 +45,27 @@ def test_gpu_ranks_are_one_packed_placement_group_reserved_all_at_once() -> None
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def test_ray_started_by_a_gpu_run_leaves_out_the_gpu_the_driver_trains_on(monkeypatch) -> None:
+    """The driver on cuda:1 of four visible GPUs: Ray nodes started inside the block see the other three (Ray gives
+    its actors GPUs from CUDA_VISIBLE_DEVICES), and the variable is as it was after."""
+    import os
+
+    import torch
+
+    from spotlight.ranks.placement import hidden_driver_gpu
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with hidden_driver_gpu("cuda:1"):
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,2,3"
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")  # a driver started on a subset: its device 0 is GPU 4
+    with hidden_driver_gpu("cuda"):
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "5,6"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,5,6"
+    with hidden_driver_gpu("cpu"):
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,5,6"
