@@ -20,9 +20,17 @@ from typing import Any
 
 import torch
 
-__all__ = ["DCP_FOLDER", "is_sharded", "load_optimizer_whole", "load_shards", "save_shards", "versions_state"]
+__all__ = ["DCP_FOLDER", "checkpointed_versions", "is_sharded", "load_optimizer_whole", "load_shards", "save_shards",
+           "versions_state"]
 
 DCP_FOLDER = "dcp"
+
+
+def checkpointed_versions(model: Any, previous: Any, ema: Any | None, trailing: Any | None) -> dict[str, Any]:
+    """The versions a checkpoint keeps, by the names it keeps them under: θ as ``model``, θ_old,i as ``previous``,
+    and the EMA and a trailing θ_old (``sampler``) where the run has them."""
+    named = {"model": model, "previous": previous, "ema": ema, "sampler": trailing}
+    return {name: policy for name, policy in named.items() if policy is not None}
 
 
 def versions_state(versions: dict[str, Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -116,8 +116,9 @@ class PolicyVersions:
 
     def named(self) -> dict[str, LoopModel]:
         """The versions a checkpoint keeps, by the names it keeps them under (θ is ``model``)."""
-        return {"model": self.model, "previous": self.previous, **({"ema": self.ema} if self.ema is not None else {}),
-                **({"sampler": self.sampler} if self.sampler_trails else {})}
+        from spotlight.components.sharded_checkpoint import checkpointed_versions
+
+        return checkpointed_versions(self.model, self.previous, self.ema, self.sampler if self.sampler_trails else None)
 
     def save_checkpoint(self, run_dir: Path, done: int, optimizer: torch.optim.Optimizer,
                         loop_state: dict[str, Any]) -> None:

@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from spotlight.components.sharded_checkpoint import checkpointed_versions
 from spotlight.loop.policy_versions import old_policy_decay_at
 from spotlight.loop.pretrain import ema_decay_at, update_ema
 from spotlight.models.loop_model import LoopModel
@@ -79,7 +80,6 @@ class ShardedVersions:
         def shard(policy: LoopModel, trained: bool = False) -> LoopModel:
             return sharded(policy, trainer.cpu_offload, trainer.activation_checkpointing and trained, whole_dtype)
 
-        self.rank = dist.get_rank()
         self.model = shard(copy.deepcopy(whole), trained=True)
         frozen = copy.deepcopy(whole).requires_grad_(False)
         self.reference = shard(copy.deepcopy(frozen)) if uses_reference(section) else None
@@ -104,14 +104,17 @@ class ShardedVersions:
         """What validation scores (the EMA, or θ), sharded; `begin_evaluation` gathers it into ``sampler``."""
         return self.ema if self.ema is not None else self.model
 
-    def gather_into_sampler(self, policy: LoopModel) -> None:
-        """All-gather ``policy``'s shards (a collective) and load them into the whole ``sampler``."""
+    def hold(self, policy: LoopModel) -> None:
+        """The whole sampler holds ``policy``'s weights: all-gathered (a collective) unless it holds them already."""
+        if policy is not self._sampler_holds:
+            self.refresh(policy)
+
+    def refresh(self, policy: LoopModel | None = None) -> None:
+        """All-gather ``policy``'s shards (θ_old's by default; a collective) into the whole sampler: after an
+        update or a load, where its weights changed even if the sampler held that version."""
+        policy = self._sampling_shards if policy is None else policy
         self.sampler.load_broadcast_state(full_state(policy.shard_root))
         self._sampler_holds = policy
-
-    def refresh(self) -> None:
-        """The whole sampler ← θ_old (a collective): after an update, a load, or an evaluation or export."""
-        self.gather_into_sampler(self._sampling_shards)
 
     # -- what the loop calls, on every rank at once -------------------------------------------------
     def hand_over(self) -> None:
@@ -127,20 +130,12 @@ class ShardedVersions:
         self.refresh()
 
     def begin_evaluation(self, raw: bool = False) -> None:
-        """The sampler holds the evaluated version, θ if ``raw`` (a collective unless it already does)."""
-        evaluated = self.model if raw else self.evaluated
-        if evaluated is not self._sampler_holds:
-            self.gather_into_sampler(evaluated)
+        """The sampler holds the evaluated version (the EMA, or θ), θ if ``raw``: for validation, or an export."""
+        self.hold(self.model if raw else self.evaluated)
 
     def end_evaluation(self) -> None:
         """The sampler holds θ_old again (a collective unless it never stopped)."""
-        if self._sampler_holds is not self._sampling_shards:
-            self.refresh()
-
-    def begin_export(self) -> None:
-        """The sampler holds θ, for a checkpoint's consolidated files (a collective unless it already does)."""
-        if self._sampler_holds is not self.model:
-            self.gather_into_sampler(self.model)
+        self.hold(self._sampling_shards)
 
     def _cast_sampler(self) -> None:
         """The whole copy in ``trainer.whole_dtype`` (bf16: half the bytes; each load casts what it gathers)."""
@@ -179,15 +174,14 @@ class ShardedVersions:
 
     def named(self) -> dict[str, LoopModel]:
         """The sharded versions a checkpoint keeps, by the names it keeps them under (as `PolicyVersions.named`)."""
-        return {"model": self.model, "previous": self.previous, **({"ema": self.ema} if self.ema is not None else {}),
-                **({"sampler": self.trailing} if self.trailing is not None else {})}
+        return checkpointed_versions(self.model, self.previous, self.ema, self.trailing)
 
     def save_shards(self, staging: Path, optimizer: torch.optim.Optimizer) -> None:
         """This rank's shards into ``staging/dcp`` (a collective), and θ into the sampler for rank 0's export."""
         from spotlight.components.sharded_checkpoint import save_shards, versions_state
 
         save_shards(staging, versions_state(self.named(), optimizer))
-        self.begin_export()
+        self.begin_evaluation(raw=True)  # θ, for rank 0's consolidated files
 
     def restore(self, checkpoint: Path, optimizer: torch.optim.Optimizer, state: Any) -> None:
         """Resume from a checkpoint of any K: its shards resharded to this K, or its whole tensors chunked."""
