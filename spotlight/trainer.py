@@ -67,7 +67,6 @@ from spotlight.loop.streams import Stream, iteration_generator, iteration_prompt
 from spotlight.models.loop_model import LoopModel
 from spotlight.models.pipelines.memory_estimate import out_of_memory_message, with_estimated_micro_batch
 from spotlight.ranks.group import TrainerRanks
-from spotlight.ranks.placement import hidden_driver_gpu
 from spotlight.ranks.rollout import score_share
 from spotlight.report.grid import save_grid
 from spotlight.rewards.base import Reward, RewardOutput
@@ -127,13 +126,13 @@ class Trainer:
                 record_model(self.run_dir, config)
             self._setup(config, reward, resume)
             self.ranks = None  # trainer.devices K > 1: this process is rank 0 of K (spotlight/ranks/group.py)
-            with hidden_driver_gpu(config.device):  # Ray started now must not hand this process's GPU to a rank
-                self.backend = open_backend(TrainerView(
-                    config, self.sampler, self.previous, self.eval_model, self.reward, self.train_prompts,
-                    self.planner, self.monitor, self.run_dir))
-                if config.trainer.in_group:
-                    self.ranks = TrainerRanks(config, self.model, self.optimizer,
-                                             None if reward is None else self.reward)
+            # the Ray nodes either starts on this machine never offer a rank this process's GPU (ranks/placement.py)
+            self.backend = open_backend(TrainerView(
+                config, self.sampler, self.previous, self.eval_model, self.reward, self.train_prompts,
+                self.planner, self.monitor, self.run_dir))
+            if config.trainer.in_group:
+                self.ranks = TrainerRanks(config, self.model, self.optimizer,
+                                         None if reward is None else self.reward)
             if resume:  # what it had in flight (spotlight's next seeds)
                 self.backend.load_state_dict(self.backend_state)
             if self.ranks is not None:

@@ -46,7 +46,13 @@ from spotlight.components.manifest import write_text_durably
 from spotlight.diffusion.sampler import Trajectory
 from spotlight.ranks.data_parallel import RankShare, data_parallel
 from spotlight.ranks.mirrored import MirroredVersions
-from spotlight.ranks.placement import PlacementTimeout, placement_error, process_group_backend, rank_placement
+from spotlight.ranks.placement import (
+    PlacementTimeout,
+    gpu_layout,
+    placement_error,
+    process_group_backend,
+    rank_placement,
+)
 from spotlight.ranks.rollout import (
     concat_outputs,
     concat_trajectories,
@@ -200,7 +206,8 @@ class TrainerRanks:
             from spotlight.runtime.spot.pools import LocalCluster
 
             cores = [core for core in (config.device_core(0),) if core is not None]
-            self.cluster = LocalCluster(node_timeout_s=config.runtime.node_timeout_s, control_cores=cores or None)
+            self.cluster = LocalCluster(node_timeout_s=config.runtime.node_timeout_s, control_cores=cores or None,
+                                        gpus=gpu_layout(config.device))  # the head offers every GPU but rank 0's
         try:
             start_s = config.runtime.node_timeout_s
             if self.world_size > 1:

@@ -9,21 +9,24 @@
            nodes as possible, so NVLink carries most of each collective), reserved all at once or not at
            all, so a run never starts with half its ranks and waits for the rest
 
-On the driver's own node Ray does not know which GPU the driver holds, and would hand it to a rank (or a
-spot device) while another GPU idles: the Ray nodes the run starts on this machine are started with
-``CUDA_VISIBLE_DEVICES`` leaving that GPU out (`hidden_driver_gpu`). An attached cluster's nodes were
-started before the run: start the driver node's Ray with ``CUDA_VISIBLE_DEVICES`` leaving out the GPU the
-driver will use, or run the driver on a node without ranks.
+Ray does not know which GPU the driver holds: a Ray node that detects this machine's GPUs would hand the
+driver's to a rank while another idles, and every logical spot node offering "one GPU" would map it to the
+first GPU it sees, all of them the same one. So the Ray nodes a run starts on its machine are told their
+physical GPUs (`GpuLayout`, read once from CUDA and ``CUDA_VISIBLE_DEVICES``): the on-demand head offers
+the ranks every GPU but the driver's, and each spot node sees one GPU of its own, spread over the other
+GPUs from the last (those the ranks take last), or the driver's GPU on a machine with no other (the
+trainer and a spot device share it). An attached cluster's nodes were started before the run: start the
+driver node's Ray with ``CUDA_VISIBLE_DEVICES`` leaving out the GPU the driver will use, or run the
+driver on a node without ranks.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["PlacementTimeout", "hidden_driver_gpu", "placement_error", "process_group_backend", "rank_options",
+__all__ = ["GpuLayout", "PlacementTimeout", "gpu_layout", "placement_error", "process_group_backend", "rank_options",
            "rank_placement"]
 
 ON_DEMAND_SHARE = 1e-3
@@ -34,29 +37,55 @@ def uses_gpus(device: str) -> bool:
     return device.split(":")[0] == "cuda"
 
 
-@contextmanager
-def hidden_driver_gpu(device: str) -> Iterator[None]:
-    """While the block starts Ray's nodes on this machine, ``CUDA_VISIBLE_DEVICES`` lists every GPU but the one
-    this process trains on (``device``), so Ray, which gives its actors GPUs from that list, never puts a
-    rank or a spot device on it; the variable is restored after (this process's CUDA context is made)."""
+class GpuLayout:
+    """Which physical GPUs (ids as ``CUDA_VISIBLE_DEVICES`` spells them) the Ray nodes of a run on this machine see.
+
+    ``driver``: the GPU this process trains on; ``ranks``: the GPUs the on-demand head offers ranks 1..K-1,
+    every other one (never the driver's: rank 0 computes there already); ``spot``: the GPUs spot nodes go
+    round, the others from the last (Ray gives ranks the head's GPUs from the first, so a few spot nodes
+    and a few ranks do not meet), or the driver's alone when there is no other (a one-GPU machine: the
+    trainer and its spot devices share it, as a spot device shares a GPU with nothing else on a cloud).
+    A spot node keeps its GPU when the trace brings it back (`spot_gpu` remembers each name).
+    """
+
+    def __init__(self, driver: str, others: Sequence[str]) -> None:
+        self.driver = driver
+        self.ranks = tuple(others)
+        self.spot = tuple(reversed(others)) or (driver,)
+        self._of_node: dict[str, str] = {}
+
+    def head_args(self) -> dict[str, Any]:
+        """`Cluster.add_node` arguments of the on-demand head: as many Ray GPUs as ``ranks``, mapped to them."""
+        return {"num_gpus": len(self.ranks), "env_vars": {"CUDA_VISIBLE_DEVICES": ",".join(self.ranks)}}
+
+    def spot_gpu(self, node: str) -> str:
+        """The physical GPU of spot node ``node``: the next of ``spot`` for a new name, its own for a known one."""
+        if node not in self._of_node:
+            self._of_node[node] = self.spot[len(self._of_node) % len(self.spot)]
+        return self._of_node[node]
+
+    def spot_args(self, node: str) -> dict[str, Any]:
+        """`Cluster.add_node` arguments of spot node ``node``: one Ray GPU, which is `spot_gpu` (its raylet's
+        ``CUDA_VISIBLE_DEVICES``, which Ray maps its GPU 0 through for the node's workers)."""
+        return {"num_gpus": 1, "env_vars": {"CUDA_VISIBLE_DEVICES": self.spot_gpu(node)}}
+
+
+def gpu_layout(device: str) -> GpuLayout | None:
+    """The `GpuLayout` of a driver training on ``device`` (``cuda``, ``cuda:1``); None off CUDA or without one.
+
+    The physical ids are this process's ``CUDA_VISIBLE_DEVICES`` (a driver started on a subset: its device 0
+    is the first listed), or 0..N-1 of the GPUs CUDA counts.
+    """
     import torch
 
     if not uses_gpus(device) or not torch.cuda.is_available():
-        yield
-        return
-    before = os.environ.get("CUDA_VISIBLE_DEVICES")
-    ids = [i.strip() for i in before.split(",") if i.strip()] if before else \
+        return None
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [i.strip() for i in listed.split(",") if i.strip()] if listed is not None else \
         [str(i) for i in range(torch.cuda.device_count())]
     index = torch.device(device).index
     mine = ids[torch.cuda.current_device() if index is None else index]
-    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(i for i in ids if i != mine)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = before
+    return GpuLayout(mine, [i for i in ids if i != mine])
 
 
 def process_group_backend(device: str) -> str:
@@ -106,7 +135,7 @@ def placement_error(device: str, world_size: int, nodes: Sequence[Mapping[str, A
 
     Only GPUs are counted: a CPU rank takes a core the config pins (checked when the config loads), not a
     Ray CPU. The GPUs are those of the live on-demand nodes, less the driver's own when Ray counts it (an
-    attached cluster; the nodes a run starts leave it out, `hidden_driver_gpu`); the line names the first
+    attached cluster; the head a run starts leaves it out, `GpuLayout`); the line names the first
     rank without one and the knob.
     """
     if not uses_gpus(device) or world_size == 1:

@@ -34,6 +34,7 @@ from spotlight.market.billing import DeviceLedger
 from spotlight.market.prices import default_prices
 from spotlight.market.traces import Availability, resolve_trace
 from spotlight.modes import Mode
+from spotlight.ranks.placement import gpu_layout
 from spotlight.run_error import RunError
 from spotlight.runtime.queue.durable import start_durable_queue_actor
 from spotlight.runtime.queue.rounds import Round
@@ -105,10 +106,11 @@ class SpotCluster:
     def _start(self, model: Any, core_of: Callable[[int], int | None], control_cores: Sequence[int] | None) -> None:
         section = self.section
         availability: Availability | None = None
-        device = next(model.parameters()).device.type  # spot devices run where the trainer's policy runs
-        if section.address is None:
+        on = next(model.parameters()).device
+        device = on.type  # spot devices run where the trainer's policy runs
+        if section.address is None:  # each node told its physical GPUs: never the driver's to a rank (placement.py)
             self.cluster = LocalCluster(node_timeout_s=section.node_timeout_s, spot_gpus=int(device == "cuda"),
-                                        control_cores=control_cores,
+                                        control_cores=control_cores, gpus=gpu_layout(str(on)),
                                         system_config=SP_HEAD_SYSTEM_CONFIG if section.sp_degree > 1 else None)
             if self.num_spot and section.trace is not None:
                 availability = resolve_trace(section.trace, "runtime.trace (null: no preemptions)").clipped(

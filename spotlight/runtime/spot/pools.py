@@ -23,7 +23,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import ray
 import ray._private.ray_constants as ray_constants
@@ -37,6 +37,9 @@ from spotlight.runtime.spot.events import EventLog
 from spotlight.runtime.spot.ray_nodes import NodeStartError, start_node
 from spotlight.runtime.spot.reaper import Reaper
 from spotlight.runtime.spot.worker import WorkerSettings
+
+if TYPE_CHECKING:
+    from spotlight.ranks.placement import GpuLayout
 
 __all__ = ["CallResult", "LocalCluster", "PoolError", "SpotPool", "attach_cluster", "spot_nodes"]
 
@@ -86,8 +89,10 @@ class LocalCluster:
 
     def __init__(self, object_store_mb: int = 200, node_timeout_s: float = 120.0,
                  system_config: dict[str, Any] | None = None, spot_gpus: int = 0,
-                 control_cores: Sequence[int] | None = None) -> None:
-        """``control_cores``: where Ray's own processes run (`spawning_on`); None: wherever the caller runs."""
+                 control_cores: Sequence[int] | None = None, gpus: GpuLayout | None = None) -> None:
+        """``control_cores``: where Ray's own processes run (`spawning_on`); None: wherever the caller runs.
+        ``gpus``: the physical GPUs of the head (the ranks') and of each spot node (one each, whatever
+        ``spot_gpus``); None: Ray's logical GPUs only, ``spot_gpus`` a spot node, none on the head."""
         from ray.cluster_utils import Cluster
 
         kwargs = _init_kwargs()  # system_config: Ray's cluster-wide settings (e.g. a tolerant health check)
@@ -96,13 +101,14 @@ class LocalCluster:
         self._node_timeout_s = node_timeout_s
         self._spot_gpus = spot_gpus  # GPUs each spot node offers (device: cuda), for its device's num_gpus
         self._control_cores = control_cores
+        self._gpus = gpus
         # The head is started without Ray's fixed 30 s wait and awaited for node_timeout_s (ray_nodes.py).
         self.cluster = Cluster(initialize_head=False)
         try:
             with spawning_on(control_cores):
                 start_node(self.cluster, node_timeout_s, "the on-demand head node", num_cpus=1,
                            resources={"on_demand": 1}, include_dashboard=False,
-                           object_store_memory=self._object_store,
+                           object_store_memory=self._object_store, **(gpus.head_args() if gpus else {}),
                            **({"_system_config": system_config} if system_config else {}))
         except NodeStartError as error:
             self._loopback_only()
@@ -127,8 +133,8 @@ class LocalCluster:
         try:
             with spawning_on(self._control_cores):
                 node = start_node(self.cluster, self._node_timeout_s, f"spot node {name}", num_cpus=1,
-                                  num_gpus=self._spot_gpus, resources={"spot": 1},
-                                  object_store_memory=self._object_store)
+                                  resources={"spot": 1}, object_store_memory=self._object_store,
+                                  **(self._gpus.spot_args(name) if self._gpus else {"num_gpus": self._spot_gpus}))
         except NodeStartError as error:
             raise PoolError(str(error)) from None
         self._nodes[name] = node
