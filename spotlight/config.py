@@ -24,6 +24,7 @@ from spotlight.rewards.section import RewardSection
 from spotlight.runtime.section import RuntimeSection
 from spotlight.schema import ConfigError, Section  # noqa: F401 (re-exported: ConfigError, Section)
 from spotlight.tasks import TaskName
+from spotlight.tracking.section import LogSection
 
 
 class TinyDiTSection(Section):
@@ -205,6 +206,7 @@ class TrainConfig(Section):
     model: PolicySection = PolicySection()  # tinydit (base_checkpoint) or a tiny diffusers family with LoRA
     data: DataSection = DataSection()  # the prompts: a dataset folder or shipped set; null: the task's
     disagg: DisaggSection = DisaggSection()  # mode disaggregated's switches (spotlight/disagg/section.py)
+    log: LogSection = LogSection()  # experiment trackers besides metrics.jsonl (spotlight/tracking/)
     # where the policy runs (the trainer's and every device's; noise is drawn on the CPU, then moved) and
     # the dtype of a diffusers policy's frozen parts (LoRA and fully fine-tuned weights stay float32)
     device: Literal["cpu", "cuda"] = "cpu"
@@ -259,6 +261,21 @@ class TrainConfig(Section):
         if Path(run_dir).exists() and not Path(run_dir).is_dir():
             raise ValueError(f"{run_dir} is a file, not a directory: set run_dir to a directory path")
         return run_dir
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reward_on_the_policy_device(cls, data: Any) -> Any:
+        """reward.device null: the policy's device, so a CUDA run's reward models score on its GPU."""
+        if not isinstance(data, dict):
+            return data
+        reward, device = data.get("reward"), data.get("device", "cpu")
+        if not isinstance(device, str):  # refused by `device` itself, once
+            return data
+        if isinstance(reward, RewardSection) and reward.device is None:
+            return {**data, "reward": reward.model_copy(update={"device": device})}
+        if reward is None or (isinstance(reward, dict) and reward.get("device") is None):
+            return {**data, "reward": {**(reward or {}), "device": device}}
+        return data
 
     @model_validator(mode="after")
     def _cores_exist(self) -> TrainConfig:

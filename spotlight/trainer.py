@@ -70,11 +70,12 @@ from spotlight.ranks.group import TrainerRanks
 from spotlight.ranks.rollout import score_share
 from spotlight.report.grid import save_grid
 from spotlight.rewards.base import Reward, RewardOutput
-from spotlight.rewards.registry import build_reward
+from spotlight.rewards.registry import build_loop_reward
 from spotlight.rl.kl_control import AdaptiveTrust
 from spotlight.rl.rollout_update import build_optimizer, rollout_update
 from spotlight.run_error import RunError
 from spotlight.task_presets import get_task, task_of
+from spotlight.tracking import TrackerHub, check_trackers
 
 __all__ = ["RunError", "RunSummary", "Trainer", "build_optimizer", "describe_score", "planner_config", "train"]
 
@@ -118,8 +119,12 @@ class Trainer:
         torch.manual_seed(config.seed)
         torch.set_num_threads(1 if config.device_core(0) is not None else config.num_threads)  # CUDA: unpinned
         self.run_dir = Path(config.run_dir)
+        self.trackers: TrackerHub | None = None  # log.trackers, opened once the run has started
         self._lock = RunDirLock(self.run_dir)  # one writer per run directory, until `run` ends
         try:
+            missing_tracker = check_trackers(config.log)  # a tracker's missing library: one line, before any work
+            if missing_tracker is not None:
+                raise RunError(missing_tracker)
             if resume:  # before anything is loaded or written: a resume must not change what ran
                 check_resume_config(self.run_dir / "config.yaml", config)
             else:  # damaged model files named before a library reads them; their fingerprint kept for --resume
@@ -145,6 +150,8 @@ class Trainer:
                         self.versions.restore(checkpoint, self.optimizer, state)
                     else:
                         self.versions.start()
+            # last: nothing after it can fail the start, so a failed start leaves no tracker run behind
+            self.trackers = self._open_trackers(resume)
         except BaseException:
             try:  # a start that fails half-way (a rank that dies restoring, a checkpoint it cannot read) leaves no Ray
                 if getattr(self, "ranks", None) is not None:
@@ -155,9 +162,17 @@ class Trainer:
                 self._lock.release()
             raise
 
+    def _open_trackers(self, resume: bool) -> TrackerHub | None:
+        """The run's experiment trackers (`log.trackers`), fed from a background thread; None without any."""
+        if not self.config.log.trackers:
+            return None
+        first_step = self.start_iteration + 1 if resume else 0  # a resumed run logs from its checkpoint on
+        return TrackerHub(self.config.log, self.run_dir, self.config.model_dump(mode="json"),
+                          (self.run_dir / "config.yaml").read_text(), first_step, self.config.device)
+
     def _setup(self, config: TrainConfig, reward: Reward | None, resume: bool) -> None:
         task = get_task(config.task)
-        self.reward = reward if reward is not None else build_reward(config.reward, task.make_reward)
+        self.reward = reward if reward is not None else build_loop_reward(config.reward, task.make_reward)
         # the prompts: data.dataset, or the task's preset; a metadata reward reads each prompt's record from it
         self.dataset = open_dataset(config.data.dataset) if config.data.dataset is not None else task.dataset()
         self.reward = bind_metadata(self.reward, self.dataset)
@@ -261,8 +276,10 @@ class Trainer:
             columns = min(section.seeds_per_prompt, GRID_SEEDS)
             shown = [p * section.seeds_per_prompt + s for p in range(section.grid_prompts) for s in range(columns)]
             shown = [index for index in shown if index < len(result.prompts)]
-            save_grid(result.images[shown], [result.prompts[i] for i in shown],
-                      self.run_dir / "samples" / f"iter-{iteration:05d}.png", columns=columns)
+            grid = self.run_dir / "samples" / f"iter-{iteration:05d}.png"
+            save_grid(result.images[shown], [result.prompts[i] for i in shown], grid, columns=columns)
+            if self.trackers is not None:
+                self.trackers.image(iteration, "val/samples", grid, grid_caption(result, shown, columns))
             if result.score > self.best_accuracy:  # strict accuracy, or the mean of a reward without one
                 self.best_accuracy = result.score
                 replace_model(self.run_dir / "checkpoints" / "best", evaluated,
@@ -332,11 +349,30 @@ class Trainer:
             try:
                 if self.ranks is not None:
                     self.ranks.close()
-                self.backend.close()
+                self.backend.close()  # a Ray run's totals (summary.json) are written now, for the trackers
+                self._close_trackers()
             finally:
                 self._lock.release()
         validation = validated(self.history)
         return RunSummary(run_dir=self.run_dir, history=self.history, validation=validation, stopped=self.stopped)
+
+    def _close_trackers(self) -> None:
+        """The final summary (best and final validation, summary.json's totals) to the trackers; then close them."""
+        if self.trackers is None:
+            return
+        summary: dict[str, Any] = {}
+        totals = self.run_dir / "summary.json"
+        if totals.is_file():
+            summary.update(json.loads(totals.read_text()))
+        runs = validated(self.history)
+        if runs:
+            best = max(runs, key=validation_score)
+            summary.update({"best/iteration": best["iteration"], "best/score": validation_score(best),
+                            "final/iteration": runs[-1]["iteration"], "final/score": validation_score(runs[-1])})
+        if self.stopped is not None:
+            summary["stopped"] = self.stopped
+        self.trackers.finish(summary)
+        self.trackers.close()
 
     def act_on(self, verdict: GuardVerdict) -> None:
         """A dying run (the guard's verdict): roll back to ``checkpoints/best`` at a lower learning rate, or stop.
@@ -473,8 +509,21 @@ class Trainer:
             metrics_file.flush()
         except OSError as error:  # disk full, read-only: one line; the lines before this one stay
             raise write_failed(self.run_dir / "metrics.jsonl", error, self.run_dir) from error
+        if self.trackers is not None:  # queued: the trackers' libraries run on their own thread
+            self.trackers.log(record["iteration"], record)
         if on_iteration is not None:
             on_iteration(record["iteration"], record)
+
+
+def grid_caption(result: Any, shown: list[int], columns: int) -> str:
+    """A validation grid's caption: each row's prompt and its samples' rewards, as a tracker shows it."""
+    rows = []
+    for first in range(0, len(shown), columns):
+        row = shown[first:first + columns]
+        rewards = "" if result.rewards is None else \
+            " (" + ", ".join(f"{float(result.rewards[i]):.3f}" for i in row) + ")"
+        rows.append(f"{result.prompts[row[0]]}{rewards}")
+    return "; ".join(rows)
 
 
 def train(config: TrainConfig, resume: bool = False, reward: Reward | None = None,

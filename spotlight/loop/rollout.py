@@ -105,6 +105,11 @@ def score_rollout(model: LoopModel, prompts: list[str], seeds: torch.Tensor, tra
     plan = rollout_plan(config)
     expanded, _ = group_requests(prompts, seeds)
     timings = {}
+    collect = getattr(reward, "collect", None)  # an overlapped reward scored the chunks as they were sampled
+    if scored is None and callable(collect):
+        started = time.perf_counter()
+        scored = collect(expanded, trajectory.final)
+        timings = {"time/decode_s": 0.0, "time/reward_s": time.perf_counter() - started}  # the wait for the last
     if scored is None:
         started = time.perf_counter()
         images = images_of(model, trajectory.final)  # on the CPU: the decode has finished

@@ -101,9 +101,9 @@ def rank_reward(config: Any) -> Reward:
     metadata): a rank on another node builds its own rather than receive a reward's pools or connections."""
     from spotlight.data import open_dataset
     from spotlight.data.metadata_reward import bind_metadata
-    from spotlight.rewards.registry import build_reward
+    from spotlight.rewards.registry import build_loop_reward
     from spotlight.task_presets import get_task
 
     task = get_task(config.task)
     dataset = open_dataset(config.data.dataset) if config.data.dataset is not None else task.dataset()
-    return bind_metadata(build_reward(config.reward, task.make_reward), dataset)
+    return bind_metadata(build_loop_reward(config.reward, task.make_reward), dataset)

@@ -19,9 +19,10 @@ def build_reward(section: RewardSection, task_default: TaskReward | None = None)
 
     Model folders are checked here, so a missing or wrong folder fails at start-up in one line, not
     at the first rollout; an `http` reward's server must answer /health now, for the same reason.
-    With `reward.overlap` the reward is built in a worker process instead (`pool.PooledReward`).
+    With `reward.overlap` and `reward.overlap_worker: process` it is built in a worker process instead
+    (`pool.PooledReward`); the default, a background thread of the loop, is `build_loop_reward`'s.
     """
-    if section.overlap:
+    if section.overlap and section.overlap_worker == "process":
         from spotlight.rewards.pool import PooledReward
 
         return PooledReward(build_reward, section, task_default, section.worker_core)
@@ -36,6 +37,22 @@ def build_reward(section: RewardSection, task_default: TaskReward | None = None)
                               f"to one of {sorted(BUILTIN_REWARDS)}, 'http' or 'pkg.module:function'")
         return task_default(section.strict_weight)
     return build_named(section.name, section, task_default)
+
+
+def build_loop_reward(section: RewardSection, task_default: TaskReward | None = None) -> Reward:
+    """The reward a training loop scores its rollouts with: `build_reward`'s, on a background thread that scores
+    each finished chunk while the next one samples when `reward.overlap` (the default) asks for a thread."""
+    return overlapped(build_reward(section, task_default), section)
+
+
+def overlapped(reward: Reward, section: RewardSection) -> Reward:
+    """``reward`` on a background thread (`background.BackgroundReward`) if `reward.overlap` with
+    `overlap_worker: thread`; as it is when overlap is off or it overlaps by itself (a worker process)."""
+    if not section.overlap or section.overlap_worker != "thread" or callable(getattr(reward, "prefetch", None)):
+        return reward
+    from spotlight.rewards.background import BackgroundReward
+
+    return BackgroundReward(reward)
 
 
 def build_named(name: str, section: RewardSection, task_default: TaskReward | None = None) -> Reward:
@@ -69,26 +86,26 @@ def _ocr_line(section: RewardSection) -> Reward:
 def _ocr_scene(section: RewardSection) -> Reward:
     from spotlight.rewards.ocr.scene import SceneOCRReward
 
-    return SceneOCRReward(device=section.device)
+    return SceneOCRReward(device=section.model_device, workers=section.workers)
 
 
 def _geneval(section: RewardSection) -> Reward:
     from spotlight.rewards.geneval.detector import load_geneval_reward
 
-    return load_geneval_reward(section.models, section.device, section.batch_size, section.strict_weight)
+    return load_geneval_reward(section.models, section.model_device, section.batch_size, section.strict_weight)
 
 
 def _pickscore(section: RewardSection) -> Reward:
     from spotlight.rewards.preference import PickScoreReward
 
     return PickScoreReward.from_folder(section.models.pickscore, section.models.pickscore_processor,
-                                       section.device, section.batch_size)
+                                       section.model_device, section.batch_size)
 
 
 def _clipscore(section: RewardSection) -> Reward:
     from spotlight.rewards.preference import CLIPScoreReward
 
-    return CLIPScoreReward.from_folder(section.models.clip, section.device, section.batch_size)
+    return CLIPScoreReward.from_folder(section.models.clip, section.model_device, section.batch_size)
 
 
 _BUILDERS: dict[str, Callable[[RewardSection], Reward]] = {

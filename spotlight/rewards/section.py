@@ -10,6 +10,7 @@ local folders only (`reward.models`): a training job must not depend on a model 
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -68,13 +69,19 @@ class RewardSection(Section):
     # http: one request's whole time (connect, send, score, read); pkg.module:function: one call's (rewards/deadline.py)
     deadline_s: float = Field(60.0, gt=0)
     retries: int = Field(2, ge=0)  # http and pkg.module:function: attempts after the first
-    device: str = "cpu"  # where model-based rewards run: cpu, cuda, cuda:1
+    # where model-based rewards run: cpu, cuda, cuda:1; null: the policy's device (a training config's `device`)
+    device: str | None = None
     batch_size: int = Field(32, ge=1)  # images per forward pass of a model-based reward
     models: RewardModelsSection = RewardModelsSection()
-    # score each finished chunk of a rollout in a reward worker process while the next chunk is sampled
-    overlap: bool = False
+    # the OCR reward's pool of threads reading images in parallel (null: the cores this process may use, less one)
+    workers: int | None = Field(None, ge=1)
+    # score each finished chunk of a rollout while the next chunk is sampled (rewards/background.py, rewards/pool.py)
+    overlap: bool = True
     overlap_groups: int = Field(4, ge=1)  # groups per chunk handed to the worker
-    worker_core: int | None = Field(None, ge=0)  # the worker process's core (null: not pinned)
+    # thread: a background thread of the trainer's process scores (no start-up cost; the reward's models share
+    # the policy's device, on their own CUDA stream); process: a worker process, on worker_core if set
+    overlap_worker: Literal["thread", "process"] = "thread"
+    worker_core: int | None = Field(None, ge=0)  # overlap_worker process: its core (null: not pinned)
 
     @field_validator("name")
     @classmethod
@@ -101,3 +108,9 @@ class RewardSection(Section):
         if uses_http and not self.url:
             raise ValueError("reward.name http needs reward.url (the address of `spotlight serve-reward`)")
         return self
+
+    @property
+    def model_device(self) -> str:
+        """Where the reward's models run: reward.device; unset outside a training config (which fills in the
+        policy's device), the CPU."""
+        return self.device or "cpu"

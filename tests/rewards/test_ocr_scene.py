@@ -1,10 +1,12 @@
 """The whole-image OCR reward: flow_grpo's scoring rule, and real PP-OCRv4 on rendered 512x512 scenes."""
 
+import os
+
 import pytest
 import torch
 
 from spotlight.rewards.base import guarded_score
-from spotlight.rewards.ocr.scene import SceneOCRReward, quoted_text, scene_ocr_score
+from spotlight.rewards.ocr.scene import SceneOCRReward, pool_size, quoted_text, scene_ocr_score, to_uint8_hwc
 from spotlight.rewards.ocr.scenes import SIZE, render_scene
 
 
@@ -53,3 +55,25 @@ def test_a_prompt_without_quotes_marks_only_its_sample_invalid(reward):
     out = guarded_score(reward, torch.stack([scene.image, scene.image]), [scene.prompt, "no quotes here"])
     assert out.valid.tolist() == [True, False]
     assert "quotes no text" in out.errors[0]
+
+
+def test_a_pool_of_ocr_threads_scores_exactly_as_one_thread_in_sequence(reward):
+    scenes = [render_scene(seed, correct=seed % 3 != 0) for seed in range(6)]
+    images = torch.stack([scene.image for scene in scenes])
+    prompts = [scene.prompt for scene in scenes]
+    pooled = SceneOCRReward(num_threads=1, workers=3)
+    try:
+        assert pooled.reader.workers == 3 and reward.reader.workers >= 1
+        sequential = [reward.reader.read_one(image) for image in to_uint8_hwc(images)]
+        assert pooled.reader.read(images) == sequential
+        one_thread = guarded_score(reward, images, prompts)
+        assert torch.equal(guarded_score(pooled, images, prompts).rewards, one_thread.rewards)
+    finally:
+        pooled.reader.close()
+
+
+def test_the_pool_is_sized_from_this_process_cores_less_the_samplers():
+    assert pool_size(4) == 4
+    assert pool_size() == max(1, len(os.sched_getaffinity(0)) - 1)
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        pool_size(0)

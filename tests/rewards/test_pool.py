@@ -67,7 +67,7 @@ def test_a_worker_that_cannot_build_its_reward_fails_in_one_line(tmp_path):
 
 
 def test_metadata_added_only_at_scoring_time_is_scored_afresh_not_taken_from_the_prefetch():
-    reward = build_reward(RewardSection(name="reward_functions:brightness", overlap=True))
+    reward = build_reward(RewardSection(name="reward_functions:brightness", overlap=True, overlap_worker="process"))
     assert isinstance(reward, PooledReward)
     try:
         images = torch.stack([torch.full((3, 4, 4), 0.25), torch.full((3, 4, 4), 0.5)])

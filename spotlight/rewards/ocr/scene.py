@@ -1,9 +1,13 @@
 """OCR on whole images (`reward.name: ocr`): find the text anywhere in a scene, read it, compare it with the prompt's.
 
 The pipeline is rapidocr's PP-OCRv4 detector (DB, quadrilateral boxes, so rotated text is cut out
-straight) and recogniser; both ONNX weight files ship inside the `rapidocr-onnxruntime` wheel. The
-detector runs once per image (its input size follows the image); the recogniser runs once per batch
-on the crops of every image together, which is where batching pays.
+straight) and recogniser; both ONNX weight files ship inside the `rapidocr-onnxruntime` wheel. An
+image is the unit of work: its detection, then one recogniser call on its crops (as flow_grpo's
+PaddleOCR reads one image per call). So an image's text depends on that image alone, never on which
+images share a batch or a worker, and the images of a batch are read in parallel by a pool of worker
+threads, each with its own ONNX sessions (onnxruntime releases the GIL while it runs a session): on a
+CPU the pool is sized from the cores this process may use, so scoring a chunk runs beside the next
+chunk's sampling instead of on one thread after it (`SceneReader`).
 
 Scored exactly as flow_grpo's `OcrScorer` scores PaddleOCR's output:
 
@@ -16,14 +20,17 @@ Scored exactly as flow_grpo's `OcrScorer` scores PaddleOCR's output:
 
 No angle classifier (flow_grpo sets `use_angle_cls=False`). The detector's settings are PaddleOCR
 2.x's defaults: an image is scaled down only if its long side exceeds 960 px, box threshold 0.6,
-unclip ratio 1.5, no dilation. On `device: cuda`, the ONNX sessions ask
-for onnxruntime's CUDA provider, which needs `onnxruntime-gpu` in place of `onnxruntime`; without
-it rapidocr warns once and runs on the CPU.
+unclip ratio 1.5, no dilation. On `device: cuda` the ONNX sessions use onnxruntime's CUDA
+provider when it is installed (`onnxruntime-gpu` in place of `onnxruntime`); without it they run on
+the CPU pool, which is what a CUDA trainer's spare host cores are for.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -34,6 +41,25 @@ from spotlight.rewards.ocr.reward import edit_distance
 
 TEXT_SCORE = 0.5  # PaddleOCR's drop_score: lines read with less confidence are ignored
 REC_BATCH = 64  # crops per recogniser call
+
+
+def pool_size(workers: int | None = None) -> int:
+    """Worker threads of a `SceneReader`: ``workers``, or every core this process may run on but one (the
+    sampler's: a CUDA trainer's host thread launches the next chunk's kernels meanwhile), at least one."""
+    if workers is not None:
+        if workers < 1:
+            raise ValueError(f"OCR workers must be >= 1 (got {workers})")
+        return workers
+    return max(1, len(os.sched_getaffinity(0)) - 1)
+
+
+def cuda_provider_available() -> bool:
+    """Whether onnxruntime can run a session on CUDA (`onnxruntime-gpu` installed and a GPU visible)."""
+    try:
+        import onnxruntime
+    except ImportError:
+        return False
+    return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
 
 
 def quoted_text(prompt: str) -> str:
@@ -65,7 +91,7 @@ def load_engine(device: str, num_threads: int) -> Any:
     except ImportError as error:
         raise ImportError(f"the ocr reward needs rapidocr-onnxruntime ({error}); `pip install "
                           "rapidocr-onnxruntime`") from None
-    cuda = device.startswith("cuda")
+    cuda = device.startswith("cuda") and cuda_provider_available()
     # detector settings as PaddleOCR 2.x's defaults (what flow_grpo runs), not rapidocr's: rapidocr scales
     # every image up to a 736-px short side, which costs 2x on 512-px images and 30x on 32x128 lines
     return RapidOCR(intra_op_num_threads=num_threads, inter_op_num_threads=1, rec_batch_num=REC_BATCH,
@@ -83,30 +109,54 @@ def to_uint8_hwc(images: torch.Tensor) -> np.ndarray:
 
 
 class SceneReader:
-    """Reads every text line of whole images: detection per image, recognition batched over all crops."""
+    """Reads every text line of whole images, one image per task, on a pool of ``workers`` threads (`pool_size`).
 
-    def __init__(self, device: str = "cpu", num_threads: int = 1) -> None:
-        self.engine = load_engine(device, num_threads)
+    Each worker thread builds its own engine on first use (ONNX sessions with ``num_threads`` intra-op
+    threads each), so no session is shared between threads and an image's text is the same whichever
+    worker reads it, alone or in a batch (tests/rewards/test_ocr_scene.py).
+    """
 
-    def crops(self, image: np.ndarray) -> list[np.ndarray]:
+    def __init__(self, device: str = "cpu", num_threads: int = 1, workers: int | None = None) -> None:
+        self.device, self.num_threads, self.workers = device, num_threads, pool_size(workers)
+        self.engine = load_engine(device, num_threads)  # the calling thread's; fails here if rapidocr is missing
+        self._local = threading.local()
+        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="ocr") if self.workers > 1 else None
+
+    def _engine(self) -> Any:
+        """This thread's engine (built on its first image)."""
+        if threading.current_thread() is threading.main_thread() or self._pool is None:
+            return self.engine
+        engine = getattr(self._local, "engine", None)
+        if engine is None:
+            engine = self._local.engine = load_engine(self.device, self.num_threads)
+        return engine
+
+    def crops(self, image: np.ndarray, engine: Any | None = None) -> list[np.ndarray]:
         """The text lines rapidocr's detector finds in one RGB uint8 image, cut out straight, in reading order."""
-        prepared, _, _ = self.engine.preprocess(image)
-        prepared, _ = self.engine.maybe_add_letterbox(prepared, {})
-        boxes, _ = self.engine.auto_text_det(prepared)
-        return [] if boxes is None else self.engine.get_crop_img_list(prepared, boxes)
+        engine = engine or self.engine
+        prepared, _, _ = engine.preprocess(image)
+        prepared, _ = engine.maybe_add_letterbox(prepared, {})
+        boxes, _ = engine.auto_text_det(prepared)
+        return [] if boxes is None else engine.get_crop_img_list(prepared, boxes)
+
+    def read_one(self, image: np.ndarray) -> str:
+        """The confident lines of one RGB uint8 image (H, W, 3), concatenated in reading order."""
+        engine = self._engine()
+        crops = self.crops(np.ascontiguousarray(image), engine)
+        results, _ = engine.text_rec(crops) if crops else ([], 0.0)
+        return "".join(text for text, confidence, *_ in results if float(confidence) >= TEXT_SCORE)
 
     def read(self, images: torch.Tensor) -> list[str]:
         """The confident lines of each image (B, 3, H, W) in [0, 1], concatenated in reading order."""
         pixels = to_uint8_hwc(images)
-        crops_per_image = [self.crops(np.ascontiguousarray(image)) for image in pixels]
-        flat = [crop for crops in crops_per_image for crop in crops]
-        results, _ = self.engine.text_rec(flat) if flat else ([], 0.0)
-        texts, start = [], 0
-        for crops in crops_per_image:
-            lines = results[start : start + len(crops)]
-            start += len(crops)
-            texts.append("".join(text for text, confidence, *_ in lines if float(confidence) >= TEXT_SCORE))
-        return texts
+        if self._pool is None or len(pixels) == 1:
+            return [self.read_one(image) for image in pixels]
+        return list(self._pool.map(self.read_one, pixels))
+
+    def close(self) -> None:
+        """Stop the worker threads (the reward is not used after)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
 
 
 class SceneOCRReward:
@@ -114,8 +164,8 @@ class SceneOCRReward:
 
     name = "ocr"
 
-    def __init__(self, device: str = "cpu", num_threads: int = 1) -> None:
-        self.reader = SceneReader(device, num_threads)
+    def __init__(self, device: str = "cpu", num_threads: int = 1, workers: int | None = None) -> None:
+        self.reader = SceneReader(device, num_threads, workers)
 
     def score(self, images: torch.Tensor, prompts: Sequence[str]) -> RewardOutput:
         targets = [quoted_text(prompt) for prompt in prompts]
