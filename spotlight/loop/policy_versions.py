@@ -29,6 +29,7 @@ from spotlight.config import TrainSection
 from spotlight.loop.pretrain import ema_decay_at, update_ema
 from spotlight.models.loop_model import LoopModel
 from spotlight.models.shadow import frozen_base, frozen_copy
+from spotlight.models.weight_payload import copy_weights
 from spotlight.rl.rollout_update import uses_reference
 
 __all__ = ["PolicyVersions", "old_policy_decay_at"]
@@ -94,8 +95,11 @@ class PolicyVersions:
         return self.sampler is not self.model
 
     def hand_over(self) -> None:
-        """Before an update: the sampling policy that drew this rollout becomes ``previous`` (θ_old,i)."""
-        self.previous.load_broadcast_state(self.sampler.broadcast_state())
+        """Before an update: the sampling policy that drew this rollout becomes ``previous`` (θ_old,i).
+
+        A device-to-device copy of the trained tensors (`copy_weights`), inside the timed update: no host read.
+        """
+        copy_weights(self.previous, self.sampler)
 
     def after_update(self, iteration: int, section: TrainSection) -> None:
         """Move the EMA and a trailing θ_old towards θ_{i+1}, each by its own decay schedule."""

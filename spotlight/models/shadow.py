@@ -26,6 +26,7 @@ import torch.nn as nn
 
 from spotlight.models.pipelines.adapter import DiffusersPolicy
 from spotlight.models.policy import Policy
+from spotlight.models.weight_payload import WeightPayload, unpack_into
 
 __all__ = ["LoraShadow", "frozen_base", "frozen_copy", "is_lora"]
 
@@ -38,10 +39,10 @@ def is_lora(policy: Policy) -> bool:
 def frozen_copy(policy: Policy) -> Policy:
     """A frozen copy of ``policy``'s current weights: a `LoraShadow` of a LoRA policy, else a deep copy
     (a TinyDiT, a fully fine-tuned transformer: every weight is trained, so every weight is copied)."""
-    if isinstance(policy, LoraShadow):
-        return LoraShadow(policy.policy, policy.lora_state_dict())
+    if isinstance(policy, LoraShadow):  # cloned where the tensors are (the device), never through the host
+        return LoraShadow(policy.policy, policy.lora_parameters())
     if is_lora(policy):
-        return LoraShadow(policy, policy.lora_state_dict())
+        return LoraShadow(policy, policy.lora_parameters())
     return copy.deepcopy(policy).requires_grad_(False)
 
 
@@ -120,6 +121,12 @@ class LoraShadow(nn.Module):
         """This shadow's LoRA tensors under the policy's LoRA keys."""
         return {} if self.lora is None else dict(zip(self._names, self.lora, strict=True))
 
+    def trained_tensors(self) -> dict[str, torch.Tensor]:
+        """This shadow's LoRA tensors, live, under the policy's LoRA keys (`spotlight.models.weight_payload`)."""
+        if self.lora is None:
+            raise ValueError("the frozen base has no trained tensors: it is the base itself")
+        return dict(self.lora_parameters())
+
     def broadcast_state(self) -> dict[str, torch.Tensor]:
         """This shadow's LoRA tensors (detached CPU copies), as the policy's ``broadcast_state`` gives its own."""
         if self.lora is None:
@@ -128,9 +135,12 @@ class LoraShadow(nn.Module):
             return self.policy.broadcast_state()
 
     def load_broadcast_state(self, state: Mapping[str, torch.Tensor]) -> None:
-        """Take LoRA tensors (keys and shapes checked by the policy) into this shadow."""
+        """Take LoRA tensors (keys and shapes checked by the policy) or a `WeightPayload` into this shadow."""
         if self.lora is None:
             raise ValueError("the frozen base takes no LoRA state")
+        if isinstance(state, WeightPayload):
+            unpack_into(self, state)
+            return
         with torch.no_grad(), self.swapped_in():
             self.policy.load_broadcast_state(state)
 

@@ -63,6 +63,7 @@ from spotlight.models.pipelines.joint_attention import JointAttentionProcessor
 from spotlight.models.pipelines.loading import DiffusersLoadError, build_tiny_transformer, load_transformer
 from spotlight.models.pipelines.text_encoder import TokenTextEncoder
 from spotlight.models.policy import to_images
+from spotlight.models.weight_payload import WeightPayload, unpack_into
 from spotlight.task_presets import get_task
 
 if TYPE_CHECKING:
@@ -92,6 +93,7 @@ class DiffusersPolicy(nn.Module):
         self._default_processors = dict(transformer.attn_processors)
         self._attention_fn: AttentionFn | None = None
         self._lora_by_name: list[nn.Parameter] | None = None  # the adapter's tensors, found at the first disable
+        self._lora_keys_checked = False  # lora_parameters' names compared with peft's once
         transformer.requires_grad_(False)
         if config.finetune == "lora":
             self._add_lora(transformer, config)
@@ -240,7 +242,7 @@ class DiffusersPolicy(nn.Module):
         return {name: tensor.detach().cpu().contiguous().clone() for name, tensor in state.items()}
 
     def lora_parameters(self) -> dict[str, nn.Parameter]:
-        """The LoRA parameters themselves, under the keys of :meth:`lora_state_dict`.
+        """The LoRA parameters themselves, under the keys of :meth:`lora_state_dict`: live tensors, no copy.
 
         What a process that maps shared weights needs: it points these parameters at the shared
         tensors (``parameter.data = tensor``) instead of copying, so new weights written in place reach it.
@@ -248,16 +250,30 @@ class DiffusersPolicy(nn.Module):
         marker = f".{ADAPTER_NAME}."
         parameters = {name.replace(marker, "."): parameter for name, parameter in self.transformer.named_parameters()
                       if ".lora_" in name and marker in name}
-        if parameters.keys() != self.lora_state_dict().keys():
-            raise RuntimeError("peft's LoRA parameter names no longer match its state-dict keys: update "
-                               "DiffusersPolicy.lora_parameters for this peft version")
+        if not self._lora_keys_checked:  # once: peft's own key list (references, no copies)
+            from peft import get_peft_model_state_dict
+
+            if parameters.keys() != get_peft_model_state_dict(self.transformer, adapter_name=ADAPTER_NAME).keys():
+                raise RuntimeError("peft's LoRA parameter names no longer match its state-dict keys: update "
+                                   "DiffusersPolicy.lora_parameters for this peft version")
+            self._lora_keys_checked = True
         return parameters
 
-    def load_lora_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
-        """Copy LoRA tensors (as from :meth:`lora_state_dict`) into the adapter; keys and shapes must match."""
-        from peft import set_peft_model_state_dict
+    def trained_tensors(self) -> dict[str, torch.Tensor]:
+        """What changes under training, live: the LoRA tensors (`lora_parameters`), or (``finetune: full``) every
+        transformer parameter, under the names of :meth:`broadcast_state` (`spotlight.models.weight_payload`)."""
+        if self.config.finetune == "full":
+            return dict(self.transformer.named_parameters())
+        return dict(self.lora_parameters())
 
-        expected = {name: tuple(tensor.shape) for name, tensor in self.lora_state_dict().items()}
+    def load_lora_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Copy LoRA tensors (as from :meth:`lora_state_dict`) into the adapter; keys and shapes must match.
+
+        Shapes are compared as metadata and the tensors copied in with one ``_foreach_copy_`` (cast to the
+        adapter's float32), so weights already on the policy's device never pass through the host.
+        """
+        targets = self.lora_parameters()
+        expected = {name: tuple(tensor.shape) for name, tensor in targets.items()}
         given = {name: tuple(tensor.shape) for name, tensor in state.items()}
         if expected != given:
             missing, extra = sorted(set(expected) - set(given)), sorted(set(given) - set(expected))
@@ -268,9 +284,8 @@ class DiffusersPolicy(nn.Module):
                 f"{len(shapes)} of another shape, e.g. {first}): build the policy with the family, "
                 f"lora_rank and lora_target_modules the weights were trained with"
             )
-        result = set_peft_model_state_dict(self.transformer, dict(state), adapter_name=ADAPTER_NAME)
-        if result.unexpected_keys:
-            raise ValueError(f"peft did not place LoRA weights {result.unexpected_keys[:3]}: report this as a bug")
+        with torch.no_grad():
+            torch._foreach_copy_(list(targets.values()), [torch.as_tensor(state[name]) for name in targets])
 
     def lora_metadata(self) -> dict[str, str]:
         """What a LoRA file records about the policy it fits (safetensors metadata is str -> str)."""
@@ -363,7 +378,11 @@ class DiffusersPolicy(nn.Module):
         return {name: tensor.detach().cpu().clone() for name, tensor in self.transformer.state_dict().items()}
 
     def load_broadcast_state(self, state: Mapping[str, torch.Tensor]) -> None:
-        """Take the tensors of :meth:`broadcast_state` of a policy built from the same config."""
+        """Take the tensors of :meth:`broadcast_state` of a policy built from the same config, or a `WeightPayload`
+        of its trained tensors (one copy of its buffer to the device, then one ``_foreach_copy_``)."""
+        if isinstance(state, WeightPayload):
+            unpack_into(self, state)
+            return
         tensors = {name: torch.as_tensor(tensor) for name, tensor in state.items()}
         if self.config.finetune == "lora":
             self.load_lora_state_dict(tensors)

@@ -30,7 +30,13 @@ from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.models.generation import generate
 from spotlight.models.rebuild import ModelConfig
 from spotlight.runtime.queue.remote import RemoteQueue
-from spotlight.runtime.spot.worker import WorkerReport, WorkerSettings, model_from_weights, worker_loop
+from spotlight.runtime.spot.worker import (
+    WorkerReport,
+    WorkerSettings,
+    load_weights,
+    model_from_weights,
+    worker_loop,
+)
 
 __all__ = ["ComputeClock", "DeviceCall", "SpotDevice", "weights_digest"]
 
@@ -109,8 +115,7 @@ class SpotDevice:
             self.model = model_from_weights(self.model_config, weights, self.settings.device)
             self.clock = ComputeClock(self.model)
         else:
-            self.model.load_broadcast_state({name: torch.from_numpy(np.array(array))
-                                             for name, array in weights.items()})
+            load_weights(self.model, weights)  # one copy of the payload to the device, one unflattening copy
         self.version = version
         return DeviceCall(self.device_id, start, time.time(), 0.0, version)
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -37,11 +37,13 @@ import ray
 import torch
 
 from spotlight.diffusion.noise import initial_latents
-from spotlight.diffusion.sampler import SamplingPlan, VelocityFn, sample
-from spotlight.models.generation import prompt_tokens
+from spotlight.diffusion.sampler import SamplingPlan, VelocityFn, sample, to_device
+from spotlight.models.generation import model_device, prompt_tokens
 from spotlight.models.lora_merge import sampling_weights
+from spotlight.models.pipelines.prompts import bind_prompts
 from spotlight.models.policy import Policy
 from spotlight.models.rebuild import ModelConfig, policy_from_config
+from spotlight.models.weight_payload import WeightPayload, pack_weights, unpack_into
 from spotlight.runtime.queue.remote import QueueClient, RemoteQueue
 from spotlight.runtime.queue.request_queue import Lease
 
@@ -50,6 +52,7 @@ __all__ = [
     "WorkerReport",
     "WorkerSettings",
     "fixed_batch_velocity_fn",
+    "load_weights",
     "model_from_weights",
     "model_weights",
     "worker_loop",
@@ -131,10 +134,10 @@ class WorkerReport:
 
 @dataclass
 class _InFlight:
-    """One leased request on this worker: its latent at schedule index ``step``."""
+    """One leased request on this worker: its latent at schedule index ``step``, on the worker's device."""
 
     lease: Lease
-    tokens: torch.Tensor
+    tokens: torch.Tensor  # (L,) its conditioning row on the host: bound to the device once per group (`_Bound`)
     latent: torch.Tensor
     step: int
     steps_since_commit: int = 0
@@ -143,62 +146,103 @@ class _InFlight:
 def fixed_batch_velocity_fn(model: torch.nn.Module, tokens: torch.Tensor, forward_batch: int) -> VelocityFn:
     """Bind prompts like ``policy.velocity_fn``, but call the model on exactly ``forward_batch`` rows.
 
-    Returns ``v(x, sigma)`` for any number of rows: they are split into chunks of ``forward_batch``
-    and the last chunk is padded with copies of its first row (dropped from the output), so every
-    model call has the same shape and each row's result is independent of its companions.
+    Returns ``v(x, sigma)`` for latents of ``len(tokens)`` rows: they are split into chunks of
+    ``forward_batch`` and the last chunk is padded with copies of its first row (dropped from the output),
+    so every model call has the same shape and each row's result is independent of its companions. Each
+    chunk's prompts, padding included, are bound to the device here, once (`bind_prompts`): the returned
+    function reads nothing back from the device, however many steps it serves.
     """
+    chunks = []
+    for start in range(0, tokens.shape[0], forward_batch):
+        rows_tokens = tokens[start:start + forward_batch]
+        rows = rows_tokens.shape[0]
+        if rows < forward_batch:
+            rows_tokens = torch.cat([rows_tokens, rows_tokens[:1].expand(forward_batch - rows,
+                                                                         *rows_tokens.shape[1:])])
+        chunks.append((slice(start, start + forward_batch), rows, bind_prompts(model, rows_tokens)))
 
     def velocity(x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
         outputs = []
-        for start in range(0, x.shape[0], forward_batch):
-            chunk = slice(start, start + forward_batch)
-            x_chunk, sigma_chunk, tokens_chunk = x[chunk], sigma[chunk], tokens[chunk]
-            rows = x_chunk.shape[0]
+        for chunk, rows, cond in chunks:
+            x_chunk, sigma_chunk = x[chunk], sigma[chunk]
             if rows < forward_batch:
                 pad = forward_batch - rows
                 x_chunk = torch.cat([x_chunk, x_chunk[:1].expand(pad, *x_chunk.shape[1:])])
                 sigma_chunk = torch.cat([sigma_chunk, sigma_chunk[:1].expand(pad)])
-                tokens_chunk = torch.cat([tokens_chunk, tokens_chunk[:1].expand(pad, *tokens_chunk.shape[1:])])
-            outputs.append(model(x_chunk, sigma_chunk, tokens_chunk)[:rows])
+            outputs.append(model(x_chunk, sigma_chunk, cond)[:rows])
         return torch.cat(outputs)
 
     return velocity
 
 
-def model_weights(model: Policy) -> dict[str, np.ndarray]:
-    """The policy's broadcast state as CPU numpy arrays: what to ``ray.put`` so workers share one copy.
+def model_weights(model: Policy) -> WeightPayload:
+    """θ as one `WeightPayload` (`spotlight.models.weight_payload`): what to ``ray.put`` so workers share one copy.
 
-    Every weight of a TinyDiT; only the LoRA matrices of a diffusers policy, whose spot devices
-    rebuild the frozen base from its config.
+    Only the trained tensors (every weight of a TinyDiT; only the LoRA matrices of a diffusers policy, whose
+    spot devices rebuild the frozen base from its config), in the dtype the policy samples in, flattened
+    on its device and copied to the host once.
     """
-    return {name: tensor.detach().cpu().numpy() for name, tensor in model.broadcast_state().items()}
+    return pack_weights(model)
 
 
-def model_from_weights(config: ModelConfig | dict[str, Any], weights: dict[str, np.ndarray],
+def load_weights(model: Policy, weights: Mapping[str, Any]) -> None:
+    """Put shipped weights into ``model``'s own parameters: a `WeightPayload` with one copy of its buffer to the
+    model's device and one unflattening copy; a name -> array mapping (an older caller's) tensor by tensor."""
+    if isinstance(weights, WeightPayload):
+        unpack_into(model, weights)
+    else:
+        model.load_broadcast_state({name: torch.as_tensor(np.asarray(array)) for name, array in weights.items()})
+
+
+def model_from_weights(config: ModelConfig | dict[str, Any], weights: Mapping[str, Any],
                        device: str = "cpu") -> Policy:
-    """Rebuild a policy in eval mode on ``device`` from its config (a policy's ``.config``) and `model_weights` arrays.
+    """Rebuild a policy in eval mode on ``device`` from its config (a policy's ``.config``) and `model_weights`.
 
-    The arrays from Ray's object store are read-only views of shared memory; they are copied into
-    the model's own parameters. (A policy on a GPU takes the loop's CPU latents and answers on the CPU.)
+    The policy goes to ``device`` first and takes the weights there (`load_weights`): the payload, read-only
+    in Ray's object store, is copied straight into the parameters on the device.
     """
     model = policy_from_config(config)
-    model.load_broadcast_state({name: torch.tensor(array) for name, array in weights.items()})
     if device != "cpu":
         model = model.to(device)
+    load_weights(model, weights)
     return model.eval()
 
 
-def _advance(
-    model: Policy, batch: Sequence[_InFlight], plan: SamplingPlan, step: int, forward_batch: int
-) -> None:
-    """Take one denoising step (``step`` -> ``step + 1``) for requests that share ``plan`` and ``step``."""
+class _Bound:
+    """The velocity functions of the groups advanced in the last pass, by their requests (ids, in order).
+
+    A group's prompts are bound to the device when it first appears and reused while the same requests
+    advance together (the usual case: leased together, they step together to the end), so a request's
+    prompt is bound about once, not at every forward. Groups not seen in a pass are dropped.
+    """
+
+    def __init__(self, model: Policy, forward_batch: int) -> None:
+        self.model, self.forward_batch = model, forward_batch
+        self._functions: dict[tuple[str, ...], VelocityFn] = {}
+        self._used: set[tuple[str, ...]] = set()
+
+    def velocity_fn(self, batch: Sequence[_InFlight]) -> VelocityFn:
+        key = tuple(item.lease.request.request_id for item in batch)
+        self._used.add(key)
+        function = self._functions.get(key)
+        if function is None:
+            tokens = torch.stack([item.tokens for item in batch])
+            function = self._functions[key] = fixed_batch_velocity_fn(self.model, tokens, self.forward_batch)
+        return function
+
+    def end_pass(self) -> None:
+        for key in [key for key in self._functions if key not in self._used]:
+            del self._functions[key]
+        self._used.clear()
+
+
+def _advance(model: Policy, batch: Sequence[_InFlight], plan: SamplingPlan, step: int, velocity: VelocityFn) -> None:
+    """Take one denoising step (``step`` -> ``step + 1``) for requests that share ``plan`` and ``step``; the
+    latents stay on the device."""
     latents = torch.stack([item.latent for item in batch])
-    tokens = torch.stack([item.tokens for item in batch])
     seeds = [item.lease.request.seed for item in batch]
-    trajectory = sample(
-        fixed_batch_velocity_fn(model, tokens, forward_batch), seeds, plan, model.latent_shape,
-        start_latents=latents, start_step=step, stop_step=step + 1, record=False,
-    )
+    trajectory = sample(velocity, seeds, plan, model.latent_shape,
+                        start_latents=latents, start_step=step, stop_step=step + 1, record=False)
     for item, latent in zip(batch, trajectory.final, strict=True):
         item.latent, item.step = latent.clone(), step + 1
         item.steps_since_commit += 1
@@ -231,6 +275,8 @@ def _serve_round(queue: QueueClient, worker_id: str, model: Policy, settings: Wo
     """`worker_loop`'s round, with the sampling weights in place."""
     report = WorkerReport(worker_id, weights_version)
     in_flight: dict[str, _InFlight] = {}
+    bound = _Bound(model, settings.forward_batch)
+    device = model_device(model)
     last_heartbeat = time.perf_counter()
     next_pull = 0.0  # when an empty pull may be retried
     while not preempted.is_set():
@@ -240,7 +286,7 @@ def _serve_round(queue: QueueClient, worker_id: str, model: Policy, settings: Wo
             leases = queue.pull(worker_id, free, weights_version, holding=list(in_flight))
             report.pull_round_trip_s.append(time.perf_counter() - started)
             for lease in leases:  # a re-leased request replaces a stale copy of itself
-                in_flight[lease.request.request_id] = _start(model, lease)
+                in_flight[lease.request.request_id] = _start(model, lease, device)
             next_pull = 0.0 if leases else time.perf_counter() + settings.idle_wait_s
             _complete_finished(queue, worker_id, in_flight, report)  # a zero-step plan is done at once
         if not in_flight:
@@ -252,15 +298,16 @@ def _serve_round(queue: QueueClient, worker_id: str, model: Policy, settings: Wo
         for item in in_flight.values():
             groups.setdefault((item.lease.request.plan, item.step), []).append(item)
         for (plan, step), batch in groups.items():
-            _advance(model, batch, plan, step, settings.forward_batch)
+            _advance(model, batch, plan, step, bound.velocity_fn(batch))
             report.steps += len(batch)
             if preempted.is_set():  # finish this step only; the other groups commit where they are
                 break
+        bound.end_pass()
         _complete_finished(queue, worker_id, in_flight, report)
         if settings.checkpoint_every is not None and not preempted.is_set():
             for request_id, item in in_flight.items():
                 if item.steps_since_commit >= settings.checkpoint_every:
-                    report.checkpoints += queue.commit(worker_id, request_id, item.latent, item.step,
+                    report.checkpoints += queue.commit(worker_id, request_id, item.latent.cpu(), item.step,
                                                        weights_version, keep_lease=True)
                     item.steps_since_commit = 0
         if time.perf_counter() - last_heartbeat >= settings.heartbeat_s:
@@ -271,18 +318,19 @@ def _serve_round(queue: QueueClient, worker_id: str, model: Policy, settings: Wo
                 report.lost_leases += 1
         preempted.wait(max(0.0, settings.min_step_s - (time.perf_counter() - started)))
     for request_id, item in in_flight.items():
-        report.committed += queue.commit(worker_id, request_id, item.latent, item.step, weights_version)
+        report.committed += queue.commit(worker_id, request_id, item.latent.cpu(), item.step, weights_version)
     report.stopped_by = "preempted"
     return report
 
 
-def _start(model: Policy, lease: Lease) -> _InFlight:
-    """In-flight state for a new lease: the committed latent, or the seed's initial noise."""
+def _start(model: Policy, lease: Lease, device: torch.device) -> _InFlight:
+    """In-flight state for a new lease: the committed latent, or the seed's initial noise, moved to the
+    worker's device once (it stays there until the request is committed or complete)."""
     request = lease.request
     latent = lease.latent
     if latent is None:
         latent = initial_latents([request.seed], model.latent_shape)[0]
-    return _InFlight(lease, prompt_tokens(model, [request.prompt])[0], latent, lease.step)
+    return _InFlight(lease, prompt_tokens(model, [request.prompt])[0], to_device(latent, device), lease.step)
 
 
 def _complete_finished(
@@ -292,8 +340,8 @@ def _complete_finished(
     finished = [rid for rid, item in in_flight.items() if item.step == item.lease.request.plan.num_steps]
     if not finished:
         return
-    kept = queue.complete_many(worker_id, [(rid, in_flight.pop(rid).latent) for rid in finished],
-                               report.weights_version)  # one round trip
+    kept = queue.complete_many(worker_id, [(rid, in_flight.pop(rid).latent.cpu()) for rid in finished],
+                               report.weights_version)  # one round trip, the latents to the host once
     report.completed += sum(kept)
     report.duplicates += len(kept) - sum(kept)
 
