@@ -27,13 +27,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import ray
 import ray._private.ray_constants as ray_constants
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import AuthenticationError, GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from spotlight.cores import spawning_on
 from spotlight.market.billing import DeviceLedger
 from spotlight.runtime.spot.device import DeviceCall, SpotDevice
 from spotlight.runtime.spot.events import EventLog
+from spotlight.runtime.spot.ray_auth import TOKEN_FIX, LocalTokenAuth, unauthenticated_cluster
 from spotlight.runtime.spot.ray_nodes import NodeStartError, start_node
 from spotlight.runtime.spot.reaper import Reaper
 from spotlight.runtime.spot.worker import WorkerSettings
@@ -51,7 +52,6 @@ class PoolError(RuntimeError):
 
 
 def _init_kwargs() -> dict[str, Any]:
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     # Ray starts worker processes at niceness 15, so a spot device (and the queue actor) lost its core
     # to any background job: measured 9.6 ms per sample-step against 3.3 ms in-process. A device is a
     # device: the nodes this process starts run their workers at the caller's priority.
@@ -97,6 +97,7 @@ class LocalCluster:
 
         kwargs = _init_kwargs()  # system_config: Ray's cluster-wide settings (e.g. a tolerant health check)
         self._loopback_only = _loopback_only()
+        self._auth = LocalTokenAuth()  # every node and worker of the cluster asks for the run's token (ray_auth.py)
         self._object_store = object_store_mb * 1024 * 1024
         self._node_timeout_s = node_timeout_s
         self._spot_gpus = spot_gpus  # GPUs each spot node offers (device: cuda), for its device's num_gpus
@@ -112,6 +113,7 @@ class LocalCluster:
                            **({"_system_config": system_config} if system_config else {}))
         except NodeStartError as error:
             self._loopback_only()
+            self._auth.undo()
             load = os.getloadavg()[0]
             raise PoolError(f"{error} (load average {load:.1f} on {os.cpu_count()} cores)") from None
         # Spot nodes are added by the controller thread, and Ray's per-node exit hooks install a SIGTERM
@@ -122,7 +124,7 @@ class LocalCluster:
         # atexit does not run on SIGKILL, and spot nodes lack the head's parent-death signal: the reaper
         # process kills the session's processes when this one ends, however (runtime/spot/reaper.py)
         with spawning_on(control_cores):  # the reaper and the driver's Ray threads (gRPC, object transfers) too
-            self._reaper = Reaper(self.cluster.head_node.session_name)
+            self._reaper = Reaper(self.cluster.head_node.session_name, self._auth.directory)
             ray.init(address=self.cluster.address, **{k: v for k, v in kwargs.items() if k != "include_dashboard"})
         self._nodes: dict[str, Any] = {}
 
@@ -159,13 +161,15 @@ class LocalCluster:
         self.cluster.shutdown()
         self._reaper.finish()  # and whatever the shutdown left of the session
         self._loopback_only()
+        self._auth.undo()
 
 
 def attach_cluster(address: str) -> dict[str, tuple[str, int]]:
     """Connect to a running Ray cluster; returns its live spot nodes {name: (node id, devices)}.
 
-    Raises PoolError when the address is unusable, when the driver is not on an on-demand node or
-    when no node offers ``spot``.
+    Raises PoolError when the address is unusable or refuses the driver's token, when the driver is not
+    on an on-demand node or when no node offers ``spot``. A cluster that lets in callers without a token
+    is used, with one warning line that names the fix.
     """
     if address.startswith("ray://"):
         raise PoolError(f"--address {address}: a Ray Client driver runs off the cluster, but the Spotlight driver is "
@@ -173,9 +177,16 @@ def attach_cluster(address: str) -> dict[str, tuple[str, int]]:
                         "--entrypoint-resources '{\"on_demand\": 1}' -- spotlight train --address auto`")
     try:
         ray.init(address=address, **_init_kwargs())
-    except (ConnectionError, ValueError, RuntimeError) as error:
+    except (ConnectionError, ValueError, RuntimeError, AuthenticationError) as error:
+        if isinstance(error, AuthenticationError) or "InvalidAuthToken" in str(error.__cause__):
+            raise PoolError(f"--address {address}: the cluster requires Ray's token authentication and refused this "
+                            "driver: run it with RAY_AUTH_MODE=token and the cluster's token in RAY_AUTH_TOKEN_PATH "
+                            "or RAY_AUTH_TOKEN") from None
         raise PoolError(f"--address {address}: cannot connect to a Ray cluster ({error}); start one with "
                         "`ray start --head` or pass the head's address") from None
+    if unauthenticated_cluster(ray.get_runtime_context().gcs_address):
+        logger.warning("--address %s: the cluster runs without Ray's token authentication, so anyone who reaches "
+                       "its ports runs code as you; %s", address, TOKEN_FIX)
     here = ray.get_runtime_context().get_node_id()
     nodes = [node for node in ray.nodes() if node["Alive"]]
     if not any(node["NodeID"] == here and node["Resources"].get("on_demand", 0) > 0 for node in nodes):

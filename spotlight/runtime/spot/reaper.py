@@ -13,7 +13,8 @@ line names the cluster's Ray session (``session_<date>_<pid>``: GCS, raylets, da
 descendants (agents and workers, which rename themselves ``ray::...``). At the end it SIGKILLs those
 (checked by start time, so a reused pid is spared) and whatever names the session now, with their
 descendants, and orphans re-parented to PID 1 that hold the session's files open, pass after pass until
-none is left, and exits: nothing else on the machine is touched. It imports only the standard library
+none is left, removes the folder it was given (the run's Ray token, ray_auth.py), and exits: nothing
+else on the machine is touched. It imports only the standard library
 (``-I``: no site packages, no PYTHONPATH), so it starts in milliseconds, and it
 ignores SIGINT and SIGTERM, which reach it with the driver's process group (Ctrl-C), so that it
 outlives the driver it watches.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -122,12 +124,14 @@ def kill_session(session_name: str, seen: dict[int, int]) -> int:
 class Reaper:
     """The reaper process of one local Ray cluster (module docstring); `finish` after the cluster shut down."""
 
-    def __init__(self, session_name: str) -> None:
+    def __init__(self, session_name: str, leftover: Path | None = None) -> None:
+        """``leftover``: a folder of the run to remove at the end (its Ray token), if the driver could not."""
         self.session_name = session_name
         self.process: subprocess.Popen | None = None
         if not PROC.is_dir():  # no /proc to find the session's processes in
             return
-        self.process = subprocess.Popen([sys.executable, "-I", str(Path(__file__).resolve()), session_name],
+        self.process = subprocess.Popen([sys.executable, "-I", str(Path(__file__).resolve()), session_name,
+                                         *([str(leftover)] if leftover is not None else [])],
                                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def finish(self, timeout_s: float = 5.0) -> None:
@@ -143,7 +147,7 @@ class Reaper:
 
 
 def main() -> None:
-    """``reaper.py SESSION``: note the session's processes until stdin ends, then kill them."""
+    """``reaper.py SESSION [FOLDER]``: note the session's processes until stdin ends, kill them, remove FOLDER."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     session_name, driver = sys.argv[1], os.getppid()
@@ -154,6 +158,8 @@ def main() -> None:
             break
         seen = session_tree(session_name, parent=driver)  # the driver's Ray processes, while it lives
     kill_session(session_name, seen)
+    if len(sys.argv) > 2:
+        shutil.rmtree(sys.argv[2], ignore_errors=True)
 
 
 if __name__ == "__main__":
