@@ -39,7 +39,7 @@ LOCK_FILE = ".lock"
 # it runs (thread placement, the number of trainer ranks: results may differ in the last bits with
 # another thread or rank count). A key ending in ".*" covers its whole section.
 SAFE_TO_CHANGE = ("iterations", "runtime.max_wall_s", "runtime.stop_grace_s", "eval.*", "checkpoint_every",
-                  "num_threads", "pin_devices", "device_cores", "control_cores", "trainer.*")
+                  "num_threads", "pin_devices", "device_cores", "control_cores", "trainer.*", "log.*")
 
 
 class RunDirError(RuntimeError):

@@ -51,6 +51,7 @@ class EvalResult:
     images: torch.Tensor
     prompts: list[str]
     has_strict: bool = True
+    rewards: torch.Tensor | None = None  # each sample's reward (B,), for the trackers' captions
 
     @property
     def score(self) -> float:
@@ -152,6 +153,7 @@ def evaluate(
         images=images,
         prompts=expanded,
         has_strict=has_strict,
+        rewards=scored.rewards,
     )
 
 
