@@ -79,10 +79,33 @@ def unpack_latents(tokens: torch.Tensor, height: int, width: int) -> torch.Tenso
 
 
 def latent_image_ids(grid_height: int, grid_width: int, device: torch.device | None = None) -> torch.Tensor:
-    """FLUX's RoPE positions of the packed image tokens, (h*w, 3) = (0, row, column) in row-major order."""
-    rows, columns = torch.meshgrid(torch.arange(grid_height), torch.arange(grid_width), indexing="ij")
-    ids = torch.stack([torch.zeros_like(rows), rows, columns], dim=-1).reshape(-1, 3)
-    return ids.to(device=device, dtype=torch.float32)
+    """FLUX's RoPE positions of the packed image tokens, (h*w, 3) = (0, row, column) in row-major order.
+
+    Built once per grid and device, on that device, and kept: every FLUX forward needs them, and building
+    them on the CPU and copying them over at each denoising step was a blocking host-to-device copy.
+    Treat the result as read-only (it is shared by every forward at that grid).
+    """
+    device = torch.device("cpu") if device is None else torch.device(device)
+    key = (grid_height, grid_width, device.type, device.index)
+    ids = _LATENT_IMAGE_IDS.get(key)
+    if ids is None:
+        rows, columns = torch.meshgrid(torch.arange(grid_height, device=device, dtype=torch.float32),
+                                       torch.arange(grid_width, device=device, dtype=torch.float32), indexing="ij")
+        ids = torch.stack([torch.zeros_like(rows), rows, columns], dim=-1).reshape(-1, 3)
+        _LATENT_IMAGE_IDS[key] = ids
+    return ids
+
+
+_LATENT_IMAGE_IDS: dict[tuple[int, int, str, int | None], torch.Tensor] = {}
+
+
+def moved_to(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` on ``device``: itself, with no call at all, when it is there already (the loop's tensors are),
+    else a (blocking) copy, as a caller's CPU tensors need."""
+    here = tensor.device
+    if here.type == device.type and (here.index or 0) == (device.index or 0):
+        return tensor
+    return tensor.to(device)
 
 
 def latent_channels(family: Family, transformer: nn.Module) -> int:
@@ -117,8 +140,11 @@ def transformer_velocity(
     batch, _, height, width = x.shape
     if len(cond) != batch:
         raise ValueError(f"got {len(cond)} prompt embeddings for {batch} latents: pass one row per latent")
-    cond = cond.to(device=x.device, dtype=model_dtype)
-    sigma = sigma.to(device=x.device, dtype=torch.float32).expand(batch)
+    cond = PromptEmbeddings(  # the loop's conditioning is on x's device already: a dtype cast at most
+        embeds=moved_to(cond.embeds, x.device).to(dtype=model_dtype),
+        pooled=None if cond.pooled is None else moved_to(cond.pooled, x.device).to(dtype=model_dtype),
+        mask=None if cond.mask is None else moved_to(cond.mask, x.device))
+    sigma = moved_to(sigma, x.device).to(dtype=torch.float32).expand(batch)
     if family in ("sd3", "flux") and cond.pooled is None:
         raise ValueError(f"{family} needs pooled prompt embeddings (PromptEmbeddings.pooled, (B, P)): "
                          "take them from the pipeline's encode_prompt")

@@ -27,11 +27,12 @@ from typing import Any
 
 import torch
 
+from spotlight.diffusion.sampler import to_device
 from spotlight.models.pipelines.adapter import DiffusersPolicy
 from spotlight.models.pipelines.family_config import DiffusersPolicyConfig
 from spotlight.models.pipelines.folder import PipelineFolder, ScheduleParams, read_pipeline_folder
 from spotlight.models.pipelines.guidance import guided_velocity, uses_true_cfg
-from spotlight.models.pipelines.inputs import PromptEmbeddings, transformer_velocity
+from spotlight.models.pipelines.inputs import PromptEmbeddings, moved_to, transformer_velocity
 from spotlight.models.pipelines.latent_decoder import LatentDecoder
 from spotlight.models.pipelines.loading import load_transformer
 from spotlight.models.pipelines.prompts import PromptBatch, PromptCache
@@ -101,6 +102,18 @@ class PipelinePolicy(DiffusersPolicy):
         if conditioning:
             self.prompts.adopt(conditioning)
 
+    def place_text_encoders(self, placement: str, prompts: Sequence[str] = ()) -> None:
+        """Where the text encoders live for the run (`spotlight.models.pipelines.text_encoder_plan`): ``resident``
+        (on the transformer's device from now on) or ``precompute`` (``prompts``, every prompt the run will see,
+        encoded now in batches; the encoders then leave the device for good). Call it once, before the loop."""
+        if placement == "resident":
+            self.prompts.keep_resident()
+            self.tokenize(list(prompts))  # whatever is known now is encoded now, in batches
+        elif placement == "precompute":
+            self.prompts.precompute(list(prompts))
+        else:
+            raise ValueError(f"text encoder placement must be resident or precompute (got {placement!r})")
+
     def decode_images(self, latents: torch.Tensor) -> torch.Tensor:
         """Images (B, 3, H, W) in [0, 1] on the CPU: the VAE decode of sampled latents (B, C, h, w)."""
         return self.decoder(latents)
@@ -143,12 +156,11 @@ class PipelinePolicy(DiffusersPolicy):
         batch, device = x.shape[0], self.device
         if len(cond) != batch:
             raise ValueError(f"got {len(cond)} prompt rows for {batch} latents: pass one row per latent")
-        latents = x.to(device)
-        sigmas = sigma.to(device).expand(batch)
+        latents, sigmas = moved_to(x, device), moved_to(sigma, device).expand(batch)  # the loop's: there already
         guided_rows = cond.guided_rows()
         rows = None
         if guided_rows and len(guided_rows) < batch:  # a mixed batch: index the guided rows (host list, no sync)
-            rows = torch.tensor(guided_rows, dtype=torch.int64).to(device, non_blocking=True)
+            rows = to_device(torch.tensor(guided_rows, dtype=torch.int64), device)
         if guided_rows:
             latents = torch.cat([latents, latents if rows is None else latents[rows]])
             sigmas = torch.cat([sigmas, sigmas if rows is None else sigmas[rows]])
@@ -163,4 +175,4 @@ class PipelinePolicy(DiffusersPolicy):
             else:
                 combined = guided_velocity(self.family, conditional[rows], unconditional, self.config.guidance_scale)
                 velocity = conditional.index_copy(0, rows, combined)
-        return velocity.to(x.device)
+        return moved_to(velocity, x.device)  # a caller's CPU latents get a CPU velocity
