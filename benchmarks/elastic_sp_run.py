@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import threading
 import time
 from pathlib import Path
@@ -45,6 +44,7 @@ from spotlight.runtime.queue.request_queue import Request
 from spotlight.runtime.sp.elastic import ElasticSPSettings, run_elastic_sp
 from spotlight.runtime.spot.local_nodes import LocalSpotNodes
 from spotlight.runtime.spot.preemption import TraceReplay
+from spotlight.runtime.spot.ray_auth import LocalTokenAuth
 from spotlight.runtime.spot.worker import model_weights
 
 CONFIG = TinyDiTConfig(image_size=32, patch_size=4, dim=128, depth=4, num_heads=4)  # 64 + 12 tokens
@@ -111,7 +111,7 @@ def main() -> None:
     requests = [Request(f"r{i:03d}", PROMPTS[i % len(PROMPTS)], 1000 + i, plan, weights_version=0)
                 for i in range(args.requests)]
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    auth = LocalTokenAuth()  # the cluster's nodes ask for a token made for this run, as a run's do
     # A loaded 2-core machine starves raylets of CPU for many seconds: Ray's default health check
     # (5 missed 3-s checks) then declares live nodes dead. The controller survives that (a lost node
     # is planned around and started again), but the trace's churn is the point of this run, so the
@@ -135,6 +135,7 @@ def main() -> None:
     finally:
         ray.shutdown()
         cluster.shutdown()
+        auth.undo()
 
     started = time.perf_counter()
     with torch.no_grad():

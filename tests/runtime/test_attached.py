@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import threading
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ import ray
 from metadata_services import AwsImdsPerNode, FakeMetadata, iso
 
 from spotlight.config import TrainConfig, parse_config
+from spotlight.runtime.spot.ray_auth import LocalTokenAuth
 from spotlight.runtime.spot.ray_nodes import start_node
 from spotlight.trainer import Trainer
 
@@ -52,7 +52,7 @@ def test_an_attached_cluster_hears_a_notice_over_http_drains_the_node_and_uses_a
     dies without a notice: one warning line, and the run goes on with C."""
     from ray.cluster_utils import Cluster
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    auth = LocalTokenAuth()  # the nodes and the driver share a token, as the shipped cluster files set them up
     imds = AwsImdsPerNode()
     server = FakeMetadata(imds.respond)
     cluster = Cluster()  # every node is awaited on its readiness, not on Ray's fixed 30 s (ray_nodes.py)
@@ -107,6 +107,7 @@ def test_an_attached_cluster_hears_a_notice_over_http_drains_the_node_and_uses_a
         trainer.backend.close()
         cluster.shutdown()
         server.close()
+        auth.undo()
 
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     summary = json.loads((run_dir / "summary.json").read_text())
