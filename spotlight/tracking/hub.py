@@ -100,6 +100,7 @@ class TrackerHub:
         self.critical_s = 0.0  # time the loop spent handing records over
         self.worker_cpu_s = 0.0  # CPU time of the thread that talks to the libraries
         self.records = 0
+        self.record_cpu_s: list[float] = []  # the thread's CPU time on each iteration's scalars, for benchmarks
         self._thread = threading.Thread(target=self._work, name="spotlight-trackers", daemon=True)
         self._thread.start()
 
@@ -160,6 +161,7 @@ class TrackerHub:
         return tracker.name != "tensorboard" and step <= self.state.get(tracker.name, {}).get("logged_through", -1)
 
     def _scalars(self, step: int, values: dict[str, float]) -> None:
+        cpu_started = time.thread_time()
         for tracker in list(self.trackers):
             if not self._holds(tracker, step):
                 self._call(tracker, f"iteration {step}", lambda t=tracker: t.scalars(step, values))
@@ -167,6 +169,7 @@ class TrackerHub:
             entry = self.state.setdefault(tracker.name, {})
             entry["logged_through"] = max(step, entry.get("logged_through", -1))
         self._write_state()
+        self.record_cpu_s.append(time.thread_time() - cpu_started)
 
     def _image(self, step: int, key: str, path: Path, caption: str) -> None:
         from PIL import Image
