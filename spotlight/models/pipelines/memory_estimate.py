@@ -159,10 +159,14 @@ class MemoryEstimate:
 
     The total is every part plus the largest phase (the update's activations, the rollout's sampling,
     the VAE decode, the text encoding): the phases follow each other, so only one is live at a time.
+    ``peaks``: whole moments outside that pattern, each a total of its own (under FSDP2: the start-up, when
+    the loaded float32 transformer becomes shards before any gradient or moment exists, and the refresh of
+    the sampling copy); the total is the largest of them and parts plus the largest phase.
     """
 
     parts: dict[str, int]
     phases: dict[str, int] = field(default_factory=dict)
+    peaks: dict[str, int] = field(default_factory=dict)
 
     @property
     def peak_phase(self) -> str | None:
@@ -170,8 +174,13 @@ class MemoryEstimate:
         return max(self.phases, key=self.phases.__getitem__) if self.phases else None
 
     @property
-    def total(self) -> int:
+    def running(self) -> int:
+        """Every part plus the largest phase: the memory of an iteration."""
         return sum(self.parts.values()) + (self.phases[self.peak_phase] if self.phases else 0)
+
+    @property
+    def total(self) -> int:
+        return max([self.running, *self.peaks.values()])
 
     def summary(self, device_bytes: int | None = None) -> str:
         """``memory estimate (trainer device): transformer 4.6 GiB + ... + update activations 9.1 GiB (the
@@ -185,7 +194,11 @@ class MemoryEstimate:
             others = ", ".join(f"{name} {_size(value)}" for name, value in self.phases.items()
                                if name != peak and value)
             shown += f" + {peak} {_size(self.phases[peak])} (the largest phase{'; ' + others if others else ''})"
-        line = f"memory estimate (trainer device): {shown} = {_size(self.total)}"
+        line = f"memory estimate (trainer device): {shown} = {_size(self.running)}"
+        if self.peaks:
+            line += "; " + ", ".join(f"{name} peak {_size(value)}" for name, value in self.peaks.items())
+            if self.total > self.running:
+                line += f": {_size(self.total)} in all"
         if device_bytes is not None and self.total > device_bytes:
             line += (f"; more than the device's {_size(device_bytes)}: {LOWER_MEMORY}")
         return line
@@ -226,7 +239,12 @@ def estimate_training_memory(sizes: ModelSizes, *, dtype: Literal["float32", "bf
     ``shards``: a full fine-tune under FSDP2 on that many ranks (None: no FSDP; `spotlight.ranks.sharded_versions`):
     θ, its gradients and moments and every frozen copy are 1/shards on each rank, beside one whole copy
     of the transformer to sample with and two blocks gathered at a time, both ``whole_bytes`` a parameter
-    (``trainer.whole_dtype``).
+    (``trainer.whole_dtype``). Its ``peaks``: the start-up (`ShardedVersions` walks the loaded float32
+    transformer one block at a time, each block's shards made and its float32 weights replaced by
+    ``whole_bytes`` ones: the larger of the loaded float32 transformer and the sampling copy beside every
+    shard of θ and of the frozen copies, plus one block of each; no gradient or moment exists yet) and the
+    refresh of the sampling copy after an update (one block gathered in ``whole_bytes`` into it, the
+    training state all held).
     """
     unit = DTYPE_BYTES[dtype]
     full = finetune == "full"
@@ -244,23 +262,30 @@ def estimate_training_memory(sizes: ModelSizes, *, dtype: Literal["float32", "bf
     if merged_lora and not full:
         sampling += sizes.lora_weights * unit
     if full and shards is not None:  # FSDP2: the training state sharded, one whole copy
+        block = sizes.transformer // max(sizes.blocks, 1)
+        shard_bytes = (1 + copies) * trained * 4 // shards  # θ and every frozen copy, float32
+        parts = {
+            "transformer (whole, sampling)": sizes.transformer * whole_bytes,
+            "vae": sizes.vae * unit,
+            "trained shard": trained * 4 // shards,
+            "gradients": trained * 4 // shards,
+            "optimizer": trained * 4 * OPTIMIZER_STATES[optimizer] // shards,
+            "frozen copies": copies * trained * 4 // shards,
+            "gathered blocks": 2 * sizes.transformer * whole_bytes // max(sizes.blocks, 1),
+            "cuda context": CUDA_CONTEXT_BYTES,
+        }
+        startup = CUDA_CONTEXT_BYTES + max(sizes.transformer * 4, sizes.transformer * whole_bytes + shard_bytes) + (
+            block * whole_bytes + (1 + copies) * block * 4 // shards)
+        refresh = sum(parts.values()) - parts["gathered blocks"] + block * whole_bytes
         return MemoryEstimate(
-            parts={
-                "transformer (whole, sampling)": sizes.transformer * whole_bytes,
-                "vae": sizes.vae * unit,
-                "trained shard": trained * 4 // shards,
-                "gradients": trained * 4 // shards,
-                "optimizer": trained * 4 * OPTIMIZER_STATES[optimizer] // shards,
-                "frozen copies": copies * trained * 4 // shards,
-                "gathered blocks": 2 * sizes.transformer * whole_bytes // max(sizes.blocks, 1),
-                "cuda context": CUDA_CONTEXT_BYTES,
-            },
+            parts=parts,
             phases={
                 "update activations": activations,
                 "sampling": sampling,
                 "vae decode": DECODE_MAPS * DECODE_BATCH * pixels * sizes.vae_channels * unit,
                 "text encoders": sizes.text_encoders * unit,
             },
+            peaks={"start-up": startup, "refresh": refresh},
         )
     return MemoryEstimate(
         parts={
