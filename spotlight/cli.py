@@ -164,12 +164,21 @@ def train(
 ) -> None:
     """Post-train the base model (the help text is written from the code's lists: cli_help.TRAIN_HELP)."""
     cfg = load_config(TrainConfig, config, [*(set_ or []), *([f"runtime.address={address}"] if address else [])])
-    from spotlight.models.pipelines.memory_estimate import cuda_memory_bytes, run_memory_estimate
+    from spotlight.models.pipelines.memory_estimate import (
+        cuda_memory_bytes,
+        run_memory_estimate,
+        with_estimated_micro_batch,
+    )
+    from spotlight.models.pipelines.text_encoder_plan import plan_text_encoders
     from spotlight.trainer import train as run_train
 
     estimate = run_memory_estimate(cfg)  # a pipeline folder's needs, read before any weight loads
     if estimate is not None and cfg.device != "cpu":  # where memory runs out; on the CPU it goes to the log
         print(estimate.summary(cuda_memory_bytes(cfg.device)))
+        # where the text encoders live, at the micro-batch the run will take (its log says it too)
+        encoders = plan_text_encoders(with_estimated_micro_batch(cfg))
+        if encoders is not None:
+            print(encoders.line)
     from spotlight.components.run_dir import ensure_run_dir
 
     run_log = ensure_run_dir(Path(cfg.run_dir)) / RUN_LOG_NAME  # a run_dir that cannot be used: one line

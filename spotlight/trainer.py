@@ -66,6 +66,7 @@ from spotlight.loop.seed_choice import Exploration
 from spotlight.loop.streams import Stream, iteration_generator, iteration_prompts
 from spotlight.models.loop_model import LoopModel
 from spotlight.models.pipelines.memory_estimate import out_of_memory_message, with_estimated_micro_batch
+from spotlight.models.pipelines.text_encoder_plan import place_text_encoders
 from spotlight.ranks.group import TrainerRanks
 from spotlight.ranks.rollout import score_share
 from spotlight.report.grid import save_grid
@@ -188,6 +189,7 @@ class Trainer:
             raise RunError(f"base_checkpoint {config.base_checkpoint} is a {task_of(model).name!r} model, "
                            f"but task is {config.task!r}: set task to {task_of(model).name!r} or pick "
                            f"a {config.task!r} model")
+        place_text_encoders(model, config, [*self.train_prompts, *self.val_prompts])  # none moves in the loop
         # θ and its sampling, previous, reference and EMA versions (shared base, LoRA deltas)
         sharded = config.trainer.sharding == "fsdp"  # θ and its versions are made, sharded, by the ranks
         self.versions = PolicyVersions.sampling_only(model) if sharded else PolicyVersions.of(model, config.train)

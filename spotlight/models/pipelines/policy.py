@@ -105,12 +105,14 @@ class PipelinePolicy(DiffusersPolicy):
     def place_text_encoders(self, placement: str, prompts: Sequence[str] = ()) -> None:
         """Where the text encoders live for the run (`spotlight.models.pipelines.text_encoder_plan`): ``resident``
         (on the transformer's device from now on) or ``precompute`` (``prompts``, every prompt the run will see,
-        encoded now in batches; the encoders then leave the device for good). Call it once, before the loop."""
+        encoded now in batches; the encoders then leave the device for good). The negative prompt of true CFG
+        is one of them. Call it once, before the loop."""
+        prompts = [*prompts, *([self.config.negative_prompt] if self.true_cfg else [])]
         if placement == "resident":
             self.prompts.keep_resident()
-            self.tokenize(list(prompts))  # whatever is known now is encoded now, in batches
+            self.prompts.ids(prompts)  # whatever is known now is encoded now, in batches
         elif placement == "precompute":
-            self.prompts.precompute(list(prompts))
+            self.prompts.precompute(prompts)
         else:
             raise ValueError(f"text encoder placement must be resident or precompute (got {placement!r})")
 

@@ -19,12 +19,17 @@ The choice is one line at start (`TextEncoderPlan.line`), printed with the memor
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from spotlight.models.pipelines.memory_estimate import GIB, cuda_memory_bytes, run_memory_estimate
 
-__all__ = ["TEXT_ENCODER_HEADROOM", "TextEncoderPlan", "TextEncoders", "plan_text_encoders", "resident_bytes"]
+__all__ = ["TEXT_ENCODER_HEADROOM", "TextEncoderPlan", "TextEncoders", "place_text_encoders", "plan_text_encoders",
+           "resident_bytes"]
+
+logger = logging.getLogger(__name__)
 
 TextEncoders = Literal["auto", "resident", "precompute"]
 TEXT_ENCODER_HEADROOM = 0.9  # the share of the GPU a resident placement may fill (as the micro-batch choice)
@@ -79,3 +84,18 @@ def plan_text_encoders(config: Any, device_bytes: int | None = None) -> TextEnco
         line = ("text encoders: precompute, every training and validation prompt encoded in batches before the "
                 f"first iteration, then the encoders leave the device ({reason})")
     return TextEncoderPlan(placement=chosen, line=line)
+
+
+def place_text_encoders(model: Any, config: Any, prompts: Sequence[str]) -> TextEncoderPlan | None:
+    """Place ``model``'s text encoders as the run's plan says (logged in its one line), ``prompts`` being every
+    prompt the run will see (training and validation); None, doing nothing, for a policy without them.
+
+    Call it once at start, before the loop: after it no encoder weight moves between host and device.
+    """
+    plan = plan_text_encoders(config)
+    place = getattr(model, "place_text_encoders", None)
+    if plan is None or place is None:
+        return None
+    logger.info(plan.line)
+    place(plan.placement, prompts)
+    return plan
