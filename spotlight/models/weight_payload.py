@@ -254,6 +254,10 @@ def refuse_full_fine_tune_on_spot(model: Any, spot_devices: int) -> None:
         return
     from spotlight.run_error import RunError
 
-    gigabytes = payload_nbytes(model) / 1e9
-    raise RunError(f"full fine-tune ships {gigabytes:.1f} GB per iteration to each spot device; use LoRA "
-                     f"(model.finetune lora) or mode vanilla")
+    raise RunError(f"full fine-tune ships {_size(payload_nbytes(model))} per iteration to each spot device; use "
+                   f"LoRA (model.finetune lora) or mode vanilla")
+
+
+def _size(nbytes: int) -> str:
+    """Bytes for a person: GB from one upward, else MB."""
+    return f"{nbytes / 1e9:.1f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.1f} MB"

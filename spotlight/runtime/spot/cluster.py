@@ -33,6 +33,7 @@ from ray.exceptions import GetTimeoutError, RayError
 from spotlight.market.billing import DeviceLedger
 from spotlight.market.prices import default_prices
 from spotlight.market.traces import Availability, resolve_trace
+from spotlight.models.weight_payload import object_store_mb, payload_nbytes, refuse_full_fine_tune_on_spot
 from spotlight.modes import Mode
 from spotlight.ranks.placement import gpu_layout
 from spotlight.run_error import RunError
@@ -108,8 +109,11 @@ class SpotCluster:
         availability: Availability | None = None
         on = next(model.parameters()).device
         device = on.type  # spot devices run where the trainer's policy runs
+        refuse_full_fine_tune_on_spot(model, self.num_spot)  # before any Ray process starts
         if section.address is None:  # each node told its physical GPUs: never the driver's to a rank (placement.py)
-            self.cluster = LocalCluster(node_timeout_s=section.node_timeout_s, spot_gpus=int(device == "cuda"),
+            # the object store holds θ's payload twice (the version loading, the next one) without spilling
+            self.cluster = LocalCluster(object_store_mb=object_store_mb(payload_nbytes(model)),
+                                        node_timeout_s=section.node_timeout_s, spot_gpus=int(device == "cuda"),
                                         control_cores=control_cores, gpus=gpu_layout(str(on)),
                                         system_config=SP_HEAD_SYSTEM_CONFIG if section.sp_degree > 1 else None)
             if self.num_spot and section.trace is not None:
