@@ -14,7 +14,9 @@ What changes: the merged forward computes ``(W + s B A) x`` rounded to the weigh
 ``W x + s B (A x)``; in float32 the two agree to rounding (tests/models/pipelines/test_lora_merge.py
 bounds it). Flow-GRPO's recorded log-probs come from the very forwards that drew each step, so they stay
 consistent with what was sampled; the update recomputes them with the adapter math, and their gap is
-that same rounding (a ratio within ~1e-3 of 1 in bfloat16 before the policy moves).
+that same rounding (a ratio within ~1e-3 of 1 in bfloat16 before the policy moves, ten times Flow-GRPO's
+clip range of 1e-4). So when a rollout was sampled merged (`samples_merged`), `spotlight.rl.grpo` takes
+the old log-probs from the sampling policy's own training forward instead of the recorded ones.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import torch
 
 from spotlight.models.pipelines.adapter import ADAPTER_NAME, DiffusersPolicy
 
-__all__ = ["merged_lora", "sampling_weights"]
+__all__ = ["merged_lora", "samples_merged", "sampling_weights"]
 
 
 def _lora_layers(policy: DiffusersPolicy) -> list[Any]:
@@ -64,22 +66,36 @@ def merged_lora(policy: DiffusersPolicy) -> Iterator[None]:
             weight.data = original
 
 
-def sampling_weights(model: Any) -> contextlib.AbstractContextManager[Any]:
-    """What a rollout samples under: `merged_lora` for a LoRA policy (or its frozen `LoraShadow` version) when
-    ``merge_lora`` asks for it (None: on CUDA, where the fused forward is the fast one), else nothing."""
+def _merged_sampling(model: Any) -> tuple[DiffusersPolicy, Any] | None:
+    """(the LoRA policy, its frozen `LoraShadow` version or None) when a rollout of ``model`` samples with the
+    LoRA folded in (``merge_lora``; None: on CUDA, where the fused forward is the fast one); else None."""
     from spotlight.models.shadow import LoraShadow
 
     shadow = model if isinstance(model, LoraShadow) else None
     policy = model.policy if shadow is not None else model
     if not isinstance(policy, DiffusersPolicy) or policy.config.finetune != "lora":
-        return contextlib.nullcontext()
+        return None
     if shadow is not None and shadow.lora is None:  # the base itself: nothing to fold
-        return contextlib.nullcontext()
+        return None
     wanted = policy.config.merge_lora
     if wanted is None:
         wanted = next(policy.transformer.parameters()).device.type == "cuda"
-    if not wanted:
+    return (policy, shadow) if wanted else None
+
+
+def samples_merged(model: Any) -> bool:
+    """Whether ``model``'s rollouts sample with the LoRA folded in (`sampling_weights` merges), so that their
+    recorded log-probs carry the merge's rounding (Flow-GRPO re-scores them: `spotlight.rl.grpo`)."""
+    return _merged_sampling(getattr(model, "module", model)) is not None
+
+
+def sampling_weights(model: Any) -> contextlib.AbstractContextManager[Any]:
+    """What a rollout samples under: `merged_lora` for a LoRA policy (or its frozen `LoraShadow` version) when
+    ``merge_lora`` asks for it (None: on CUDA, where the fused forward is the fast one), else nothing."""
+    merging = _merged_sampling(model)
+    if merging is None:
         return contextlib.nullcontext()
+    policy, shadow = merging
     if shadow is None:
         return merged_lora(policy)
     stack = contextlib.ExitStack()

@@ -15,7 +15,9 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from spotlight.diffusion.sampler import to_device
 from spotlight.diffusion.steps import sde_step
+from spotlight.models.lora_merge import samples_merged
 from spotlight.models.pipelines.prompts import bind_prompts
 from spotlight.models.policy import Policy
 from spotlight.rl.loss import clipped_policy_loss, gaussian_step_kl
@@ -103,10 +105,29 @@ def step_log_prob_and_mean(
 
 
 def on_device(batch: RolloutBatch, device: torch.device) -> RolloutBatch:
-    """``batch`` with its latents, log-probs and advantages on ``device`` (one copy each), the rest as it is."""
-    return RolloutBatch(latents=batch.latents.to(device), log_probs=batch.log_probs.to(device), tokens=batch.tokens,
-                        advantages=batch.advantages.to(device), sigmas=batch.sigmas, noise_level=batch.noise_level,
-                        stochastic_steps=batch.stochastic_steps)
+    """``batch`` with its latents, log-probs and advantages on ``device`` (one copy each; to CUDA through pinned
+    memory without waiting: `spotlight.diffusion.sampler.to_device`), the rest as it is."""
+    return RolloutBatch(latents=moved_to_device(batch.latents, device),
+                        log_probs=moved_to_device(batch.log_probs, device), tokens=batch.tokens,
+                        advantages=moved_to_device(batch.advantages, device), sigmas=batch.sigmas,
+                        noise_level=batch.noise_level, stochastic_steps=batch.stochastic_steps)
+
+
+def moved_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` on ``device``: itself when there (``cuda`` is ``cuda:0``), from the host without waiting."""
+    here = tensor.device
+    if here.type == device.type and (here.index or 0) == (device.index or 0):
+        return tensor
+    return to_device(tensor, device) if here.type == "cpu" else tensor.to(device)
+
+
+def rows_of(batch: RolloutBatch, rows: torch.Tensor, device_rows: torch.Tensor) -> RolloutBatch:
+    """The rows of a batch already on the device: its tensors gathered there by ``device_rows`` (no host copy);
+    the prompt ids (on the host) by ``rows``."""
+    return RolloutBatch(latents=batch.latents.index_select(0, device_rows),
+                        log_probs=batch.log_probs.index_select(0, device_rows), tokens=batch.tokens[rows],
+                        advantages=batch.advantages.index_select(0, device_rows), sigmas=batch.sigmas,
+                        noise_level=batch.noise_level, stochastic_steps=batch.stochastic_steps)
 
 
 def grpo_update(
@@ -116,6 +137,7 @@ def grpo_update(
     batch: RolloutBatch,
     config: GRPOHyperparameters,
     generator: torch.Generator,
+    old_model: Policy | None = None,
 ) -> dict[str, float]:
     """One GRPO iteration over a rollout batch; returns loss, KL, clip fraction and grad-norm means.
 
@@ -125,9 +147,23 @@ def grpo_update(
     ``config.micro_batch_size`` each step's rows go through the model that many at a time, their
     losses weighted by their share of the minibatch (the same gradient, less memory).
 
-    The trajectories go to the model's device once, each minibatch's rows and prompts are gathered and
-    bound there once, and the logged sums stay float64 tensors on the device until the end: the loops
-    over timesteps and micro-batches read nothing back to the host.
+    The old log-probs. The ratio compares the policy's log-prob of a recorded step with the sampling
+    policy's. The rollout recorded that from its own forwards; when it sampled with the LoRA folded into
+    the base weights (`spotlight.models.lora_merge.samples_merged`, the default on CUDA) those forwards
+    round differently from the update's adapter math: ~1e-3 in the ratio in bfloat16, ten times the clip
+    range of 1e-4, so every minibatch, the first included, would be clipped by rounding alone. Then
+    ``old_model`` (the frozen sampling policy θ_old, which the loop passes) re-scores each micro-batch
+    under no_grad on the training forward path, in the very shapes the policy's forward takes: where
+    θ_old is θ (the first minibatch of a non-trailing run) the two forwards are the same computation and
+    the ratio is exactly 1. It costs one no-grad forward per trained (sample, step), about a third of the
+    update, paid only when sampling merged. The cheaper-looking alternatives are not exact: sampling
+    unmerged still rounds differently in bfloat16 whenever the rollout's batch shape differs from the
+    update's micro-batch, and re-using the first minibatch's forward as its own old log-prob leaves
+    the later minibatches with the merged rounding (and is wrong for a trailing θ_old).
+
+    The trajectories go to the model's device once, each minibatch's rows are gathered there and its
+    prompts bound there once, and the logged sums stay float64 tensors on the device until the end: the
+    loops over timesteps and micro-batches read nothing back to the host and copy nothing to the device.
     """
     num_samples, num_steps = batch.log_probs.shape
     if batch.stochastic_steps is not None:
@@ -136,23 +172,29 @@ def grpo_update(
     order = torch.randperm(num_samples, generator=generator)
     minibatches = order.chunk(config.num_minibatches)
     device = next(model.parameters()).device
+    whole = on_device(batch, device)
+    device_order = moved_to_device(order, device)
+    rescorer = old_model if old_model is not None and samples_merged(old_model) else None
     sigma_values = batch.sigmas.tolist()
     totals = {name: torch.zeros((), dtype=torch.float64, device=device)
               for name in ("loss", "policy_loss", "kl", "clip_fraction", "ratio", "grad_norm")}
-    terms = 0
+    terms = start = 0
     for rows in minibatches:
         optimizer.zero_grad(set_to_none=True)
-        minibatch = on_device(RolloutBatch(
-            latents=batch.latents[rows], log_probs=batch.log_probs[rows], tokens=batch.tokens[rows],
-            advantages=batch.advantages[rows], sigmas=batch.sigmas, noise_level=batch.noise_level,
-            stochastic_steps=batch.stochastic_steps), device)
+        minibatch = rows_of(whole, rows, device_order[start:start + len(rows)])
+        start += len(rows)
         tokens = bind_prompts(model, minibatch.tokens)
         for step in timesteps:
             for part in micro_batches(len(rows), config):  # memory's share of the rows; one step for all
                 weight = (part.stop - part.start) / len(rows)
+                if rescorer is None:
+                    old_log_prob = minibatch.log_probs[part, step]
+                else:  # θ_old's log-prob on the training path (docstring), before the policy's own forward
+                    with torch.no_grad():
+                        old_log_prob, _, _ = step_log_prob_and_mean(rescorer, minibatch, part, step, tokens[part],
+                                                                    sigma_values)
                 log_prob, mean, std = step_log_prob_and_mean(model, minibatch, part, step, tokens[part], sigma_values)
-                policy = clipped_policy_loss(log_prob, minibatch.log_probs[part, step], minibatch.advantages[part],
-                                             config.clip_range)
+                policy = clipped_policy_loss(log_prob, old_log_prob, minibatch.advantages[part], config.clip_range)
                 loss = policy.loss
                 kl = torch.zeros((), device=loss.device)
                 if reference is not None and config.kl_beta > 0:
@@ -174,4 +216,10 @@ def grpo_update(
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         totals["grad_norm"] += local_norm(grad_norm).detach().double() * len(timesteps)
         optimizer.step()
-    return {f"train/{name}": float(value) / terms for name, value in totals.items()}  # the one read of the update
+    return read_means(totals, terms)  # the one read of the update
+
+
+def read_means(totals: dict[str, torch.Tensor], count: int) -> dict[str, float]:
+    """``train/<name>``: each device sum over ``count``, read back in one copy (one sync, not one per metric)."""
+    values = torch.stack(list(totals.values())).tolist()
+    return {f"train/{name}": value / max(count, 1) for name, value in zip(totals, values, strict=True)}

@@ -28,7 +28,7 @@ import torch
 from spotlight.diffusion.sampler import to_device
 from spotlight.models.pipelines.prompts import bind_prompts
 from spotlight.models.policy import Policy
-from spotlight.rl.grpo import RolloutBatch
+from spotlight.rl.grpo import RolloutBatch, moved_to_device, read_means
 from spotlight.rl.micro_batch import local_norm, micro_batches
 
 NFTWeighting = Literal["uniform", "adaptive"]
@@ -156,24 +156,31 @@ def nft_update(
     used); the kept samples are shuffled into ``num_minibatches`` optimizer steps, ``num_epochs`` times,
     each computed in micro-batches of ``config.micro_batch_size`` rows when the config has one.
 
-    Where it runs: the clean latents go to the model's device once; each minibatch's noise levels and
-    noise are drawn on the CPU from ``generator`` (the same numbers on every device) and moved there
-    once; its prompts are bound once; the losses and grad norms are summed on the device and read back
-    once, after the last step, so no step waits for the device.
+    Where it runs: the clean latents and the samples' optimality go to the model's device once (through
+    pinned memory), each epoch's shuffle once; each minibatch's noise levels and noise are drawn on the CPU
+    from ``generator`` (the same numbers on every device) and moved there without waiting; its rows are
+    gathered on the device and its prompts bound once; the losses and grad norms are summed on the device
+    and read back in one copy after the last step, so no step waits for the device.
     """
     device = next(model.parameters()).device
-    clean = batch.latents[:, -1].to(device)
-    kept = torch.nonzero(batch.advantages != 0).squeeze(1)
+    kept = torch.nonzero(batch.advantages != 0).squeeze(1)  # the rollout's advantages are on the host
+    clean = moved_to_device(batch.latents[:, -1].index_select(0, moved_to_device(kept, batch.latents.device)), device)
+    kept_optimality = optimality(batch.advantages[kept], config.nft_adv_scale)
+    r_kept = moved_to_device(kept_optimality, device)
     totals: dict[str, torch.Tensor] = {name: torch.zeros((), dtype=torch.float64, device=device)
                                        for name in ("loss", "grad_norm")}
     steps = 0
     for _ in range(config.num_epochs):
-        order = kept[torch.randperm(len(kept), generator=generator)]
-        for rows in order.chunk(config.num_minibatches) if len(order) else ():
+        shuffle = torch.randperm(len(kept), generator=generator)  # positions among the kept samples
+        device_shuffle = to_device(shuffle, device)
+        start = 0
+        for positions in shuffle.chunk(config.num_minibatches) if len(kept) else ():
             repeats = config.nft_timesteps
-            x0 = clean[rows.to(device)].repeat(repeats, 1, 1, 1)
-            tokens = bind_prompts(model, batch.tokens[rows].repeat(repeats, 1))
-            r = optimality(batch.advantages[rows], config.nft_adv_scale).repeat(repeats).to(device)
+            on_device = device_shuffle[start:start + len(positions)]
+            start += len(positions)
+            x0 = clean.index_select(0, on_device).repeat(repeats, 1, 1, 1)
+            tokens = bind_prompts(model, batch.tokens[kept[positions]].repeat(repeats, 1))
+            r = r_kept.index_select(0, on_device).repeat(repeats)
             sigma = torch.rand(x0.shape[0], generator=generator, dtype=x0.dtype)
             noise = torch.randn(x0.shape, generator=generator, dtype=x0.dtype)
             sigma, noise = to_device(sigma, device), to_device(noise, device)
@@ -189,8 +196,7 @@ def nft_update(
             totals["loss"] += loss
             totals["grad_norm"] += local_norm(grad_norm).detach().double()
             steps += 1
-    metrics = {f"train/{name}": float(value) / max(steps, 1) for name, value in totals.items()}  # the one read
-    kept_optimality = optimality(batch.advantages[kept], config.nft_adv_scale)
-    metrics["train/optimality_mean"] = float(kept_optimality.mean()) if len(kept) else 0.0
+    metrics = read_means(totals, steps)  # the one read of the update
+    metrics["train/optimality_mean"] = float(kept_optimality.mean()) if len(kept) else 0.0  # host values
     metrics["train/trained_samples"] = float(len(kept))
     return metrics

@@ -13,7 +13,8 @@ __all__ = ["build_optimizer", "rollout_update", "uses_reference"]
 
 def rollout_update(model: torch.nn.Module, previous: Policy, reference: Policy | None, optimizer: torch.optim.Optimizer,
                    batch: RolloutBatch, section, generator: torch.Generator) -> dict[str, float]:
-    """θ_i → θ_{i+1} on ``batch``: `nft_update` (``previous`` drew the rollout: NFT's v_old) or `grpo_update`.
+    """θ_i → θ_{i+1} on ``batch``: `nft_update` (``previous`` drew the rollout: NFT's v_old) or `grpo_update`
+    (``previous`` re-scores the old log-probs of a rollout sampled with the LoRA merged).
 
     ``model`` is the policy, or its DDP wrapper on one of K ranks (``section`` is then a `RankShare`);
     the loop (`spotlight.trainer.Trainer.update`) and the other trainer ranks (`spotlight.ranks.group`)
@@ -21,7 +22,7 @@ def rollout_update(model: torch.nn.Module, previous: Policy, reference: Policy |
     """
     if section.algorithm == "nft":
         return nft_update(model, previous, optimizer, batch, section, generator, reference)
-    return grpo_update(model, reference, optimizer, batch, section, generator)
+    return grpo_update(model, reference, optimizer, batch, section, generator, previous)  # θ_old re-scores merged
 
 
 def build_optimizer(model: torch.nn.Module, section) -> torch.optim.Optimizer:

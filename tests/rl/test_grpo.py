@@ -195,3 +195,77 @@ def test_update_trains_only_the_sde_window_of_a_windowed_rollout(monkeypatch) ->
     grpo_update(model, None, torch.optim.SGD(model.parameters(), lr=0.1), batch,
                 TrainSection(timestep_fraction=1.0, kl_beta=0.0), torch.Generator().manual_seed(0))
     assert sorted(set(trained)) == [0, 1]
+
+
+# --- sampling with the LoRA merged (issue 42 item 6) ------------------------------------------------
+
+
+def merged_bf16_policy(folder):
+    """A tiny SD3 pipeline policy in bfloat16 whose rollouts sample with the LoRA folded in (as on CUDA)."""
+    from spotlight.models.pipelines.family_config import DiffusersPolicyConfig
+    from spotlight.models.rebuild import policy_from_config
+
+    config = DiffusersPolicyConfig(family="sd3", pretrained=str(folder), pipeline=True, resolution=(32, 32),
+                                   dtype="bfloat16", guidance_scale=4.5, negative_prompt="blurry",
+                                   max_sequence_length=16, merge_lora=True)
+    policy = policy_from_config(config)
+    with torch.no_grad():  # a trained-looking adapter: B away from zero, so the merge changes the weights
+        generator = torch.Generator().manual_seed(3)
+        for parameter in policy.trainable_parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.05)
+    return policy
+
+
+def merged_rollout(policy) -> RolloutBatch:
+    from spotlight.models.generation import generate
+
+    prompts = ["a red circle", "a red circle", "a blue square", "a blue square"]
+    plan = SamplingPlan(num_steps=3, sampler="sde", noise_level=NOISE_LEVEL)
+    trajectory = generate(policy, prompts, [0, 1, 2, 3], plan)
+    return RolloutBatch(latents=trajectory.latents, log_probs=trajectory.log_probs, tokens=policy.tokenize(prompts),
+                        advantages=torch.tensor([1.0, -1.0, 0.5, -0.5]), sigmas=plan.sigmas(),
+                        noise_level=NOISE_LEVEL)
+
+
+def recorded_ratios(monkeypatch) -> list[torch.Tensor]:
+    """Every ratio the update's clipped loss sees, in call order."""
+    ratios: list[torch.Tensor] = []
+    original = grpo.clipped_policy_loss
+
+    def recording(log_probs, old_log_probs, advantages, clip_range):
+        ratios.append(torch.exp(log_probs - old_log_probs).detach().clone())
+        return original(log_probs, old_log_probs, advantages, clip_range)
+
+    monkeypatch.setattr(grpo, "clipped_policy_loss", recording)
+    return ratios
+
+
+def test_the_first_minibatch_ratio_is_exactly_one_under_merged_bf16_sampling(tiny_pipeline, monkeypatch) -> None:
+    """The merge rounds W + sBA to bfloat16 (~1e-3 in the ratio): the recorded log-probs would clip the first
+    minibatch at the default clip range of 1e-4. θ_old re-scores them on the training path, so its ratio is 1."""
+    from spotlight.models.lora_merge import samples_merged
+    from spotlight.models.shadow import frozen_copy
+
+    torch.set_num_threads(1)
+    policy = merged_bf16_policy(tiny_pipeline("sd3"))
+    batch = merged_rollout(policy)
+    previous = frozen_copy(policy)  # θ_old: the weights that drew the rollout, as the loop hands it over
+    assert samples_merged(previous)
+    config = TrainSection(algorithm="flow-grpo", num_minibatches=2, timestep_fraction=1.0, kl_beta=0.0)
+    assert config.clip_range == 1e-4  # the default the rounding must not trip
+
+    ratios = recorded_ratios(monkeypatch)
+    frozen = torch.optim.SGD(policy.trainable_parameters(), lr=0.0)
+    stale = grpo_update(policy, None, frozen, batch, config, torch.Generator().manual_seed(0))  # recorded old
+    assert stale["train/clip_fraction"] > 0, "the merge's rounding alone clips (the bug this pins)"
+    assert any(not torch.equal(ratio, torch.ones_like(ratio)) for ratio in ratios)
+
+    ratios.clear()
+    optimizer = torch.optim.SGD(policy.trainable_parameters(), lr=1e-2)
+    metrics = grpo_update(policy, None, optimizer, batch, config, torch.Generator().manual_seed(0), previous)
+    steps = batch.log_probs.shape[1]
+    first, later = ratios[:steps], ratios[steps:]
+    assert len(first) == steps and len(later) == steps
+    assert all(torch.equal(ratio, torch.ones_like(ratio)) for ratio in first), first
+    assert any(not torch.equal(ratio, torch.ones_like(ratio)) for ratio in later)  # the policy moved in between
+    assert math.isfinite(metrics["train/loss"])
