@@ -243,7 +243,8 @@ def estimate_training_memory(sizes: ModelSizes, *, dtype: Literal["float32", "bf
     transformer one block at a time, each block's shards made and its float32 weights replaced by
     ``whole_bytes`` ones: the larger of the loaded float32 transformer and the sampling copy beside every
     shard of θ and of the frozen copies, plus one block of each; no gradient or moment exists yet) and the
-    refresh of the sampling copy after an update (one block gathered in ``whole_bytes`` into it, the
+    refresh of the sampling copy after an update (one block gathered in ``whole_bytes`` into it: FSDP2's
+    ``unshard`` holds the shard it sends, the all-gather's output and the block's tensors it copies out; the
     training state all held).
     """
     unit = DTYPE_BYTES[dtype]
@@ -276,7 +277,8 @@ def estimate_training_memory(sizes: ModelSizes, *, dtype: Literal["float32", "bf
         }
         startup = CUDA_CONTEXT_BYTES + max(sizes.transformer * 4, sizes.transformer * whole_bytes + shard_bytes) + (
             block * whole_bytes + (1 + copies) * block * 4 // shards)
-        refresh = sum(parts.values()) - parts["gathered blocks"] + block * whole_bytes
+        # FSDP2's unshard of one block: its bf16 shard, the all-gather's output and the block's params copied out
+        refresh = sum(parts.values()) - parts["gathered blocks"] + block * whole_bytes * (2 * shards + 1) // shards
         return MemoryEstimate(
             parts=parts,
             phases={
