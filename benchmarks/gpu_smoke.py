@@ -110,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--finetune", choices=["lora", "full"], default="lora")
     parser.add_argument("--sharding", choices=["ddp", "fsdp"], default="ddp",
                         help="fsdp: the FSDP2 path on one device (a process group of one; needs --finetune full)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the JSON to write (default benchmarks/results/gpu_smoke[_fsdp][_cpu].json)")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_smoke: no CUDA device on this machine (torch.cuda.is_available() is False): nothing to measure")
@@ -128,9 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     result = {"benchmark": "gpu_smoke", "commit": git_commit(), "machine": {**machine(), "device": device_name},
               "config": vars(args), "families": results}
-    RESULTS.mkdir(parents=True, exist_ok=True)
     suffix = ("" if args.sharding == "ddp" else "_fsdp") + ("" if args.device == "cuda" else "_cpu")
-    (RESULTS / f"gpu_smoke{suffix}.json").write_text(json.dumps(result, indent=1) + "\n")
+    out = args.out or RESULTS / f"gpu_smoke{suffix}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, default=str) + "\n")
     return 0
 
 

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Prepare, on a machine that reaches PyPI, the packages the lent H200 image lacks, as one tarball to carry:
+#
+#   bash benchmarks/gpu_wheels.sh            # -> .whl/py312-site.tar.xz (~60 MB; .whl/ is git-ignored)
+#
+# The H200 image has Python 3.12 with torch, transformers, peft, accelerate, safetensors, typer, rich, numpy,
+# Pillow and PyYAML, and reaches no package registry. Spotlight also needs diffusers, pydantic (and its small
+# dependencies), ray (and jsonschema's), and the recipes' OCR reward needs rapidocr-onnxruntime, onnxruntime
+# and OpenCV (headless). This script downloads their cp312 manylinux wheels from PyPI (no dependencies
+# resolved: the list below is the whole set, pinned to the versions the project is tested with), installs
+# them into .whl/site with `pip install --no-index --no-deps --target` for Python 3.12, deletes the parts of
+# ray that Spotlight never imports (its Java jars, RLlib, LLM, Serve, Data, Tune and Workflow libraries: 149 MB
+# left of ray), and packs the folder with xz. benchmarks/gpu_run.sh and benchmarks/gpu_acceptance.sh unpack
+# it and put it first on PYTHONPATH when the machine's Python cannot import diffusers and pydantic.
+#
+# ORT_GPU=1 takes onnxruntime-gpu (CUDA provider: the OCR reward's detector and recogniser on the GPU) instead
+# of onnxruntime; its wheel is ~250 MB, too large for a 64 MiB carry, so the default is the CPU build, whose
+# sessions the OCR reward spreads over a pool of the machine's cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DEST=${DEST:-.whl}
+PYTHON=${PYTHON:-.venv/bin/python}
+ONNXRUNTIME=onnxruntime==1.32.0
+if [ -n "${ORT_GPU:-}" ]; then ONNXRUNTIME=onnxruntime-gpu==1.32.0; fi
+PACKAGES=(
+    diffusers==0.42.1
+    pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
+    typing_extensions==4.16.0 importlib_metadata==9.1.0 zipp==4.1.2
+    ray==2.60.0 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1
+    rapidocr-onnxruntime==1.4.4 "$ONNXRUNTIME" flatbuffers==25.12.19 opencv-python-headless==5.0.0.93
+    pyclipper==1.4.0 shapely==2.2.0 six==1.17.0
+)
+TARGET=(--only-binary=:all: --no-deps --python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+        --platform any)
+
+rm -rf "$DEST/wheels" "$DEST/site"
+mkdir -p "$DEST/wheels"
+"$PYTHON" -m pip download --quiet --dest "$DEST/wheels" "${TARGET[@]}" "${PACKAGES[@]}"
+"$PYTHON" -m pip install --quiet --no-index --find-links "$DEST/wheels" --target "$DEST/site" --no-compile \
+    "${TARGET[@]}" "${PACKAGES[@]}"
+# what Spotlight never imports from ray (spotlight uses ray core: actors, placement groups, the object store)
+rm -rf "$DEST"/site/ray/{jars,rllib,llm,serve,data,tune,workflow}
+rm -rf "$DEST"/site/bin
+du -sh "$DEST/site"
+XZ_OPT="-6 -T0" tar -C "$DEST/site" -cJf "$DEST/py312-site.tar.xz" .
+ls -l "$DEST/py312-site.tar.xz"
+echo "carry $DEST/py312-site.tar.xz with the tree (run tool: carry [\"$DEST/py312-site.tar.xz\"]), then:" \
+     "bash benchmarks/gpu_acceptance.sh"
