@@ -182,3 +182,31 @@ def test_bf16_whole_weights_halve_the_sampler_and_the_gathers_and_keep_float32_s
     assert gathered == {torch.bfloat16}
     assert {p.dtype for p in trainer.model.shard_root.parameters()} == {torch.float32}
     check_transformer_folder(latest_checkpoint(tmp_path / "bf16"))
+
+
+@pytest.mark.slow
+def test_fsdp_on_one_device_resumes_from_its_shards_and_from_a_plain_checkpoint(tiny_base_model,
+                                                                                   tmp_path: Path) -> None:
+    """A group of one resumes its own sharded checkpoint, and a plain process's, as if never stopped: the versions
+    are given storage and the start's weights (the reference is not in a checkpoint) before the checkpoint fills
+    them, and the sampler is gathered after; the toy's numbers equal the uninterrupted run's bit for bit."""
+    def run(name: str, iterations: int, sharding: str, resume: bool = False) -> list[dict[str, Any]]:
+        config = parse_config(TrainConfig, {
+            "mode": "vanilla", "base_checkpoint": str(tiny_base_model), "run_dir": str(tmp_path / name),
+            "iterations": iterations, "seed": 0, "checkpoint_every": 1, "trainer": {"sharding": sharding},
+            "train": {"ema_decay": 0.5, "nft_kl_beta": 0.1}, "reward": {"name": "paced_reward:paced"},
+            "rollout": {"prompts_per_iteration": 2, "group_size": 2, "num_steps": 2},
+            "eval": {"every": 3, "prompts": 4, "seeds_per_prompt": 1, "num_steps": 2, "grid_prompts": 1}})
+        history = train(config, resume=resume).history  # (a run validates at its end: iteration 2 of the cut one)
+        kept = ("train/", "rollout/")
+        return [{k: v for k, v in r.items() if k.startswith(kept if r["iteration"] < 3 else (*kept, "val"))}
+                for r in history]
+
+    straight = run("straight", 3, "fsdp")
+    run("sharded", 2, "fsdp")
+    assert is_sharded(latest_checkpoint(tmp_path / "sharded"))
+    assert run("sharded", 3, "fsdp", resume=True) == straight
+    run("plain", 2, "ddp")
+    assert not is_sharded(latest_checkpoint(tmp_path / "plain"))
+    assert run("plain", 3, "fsdp", resume=True) == straight
+    assert straight[-1]["train/grad_norm"] > 0 and "val/reward" in straight[-1]
