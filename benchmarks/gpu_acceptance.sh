@@ -18,9 +18,10 @@
 #               the time left before the 8 minutes, and its iterations stop where the next would not fit
 #
 # Without CUDA it exits 1 with one line and writes nothing. The machine's Python must have torch and
-# transformers (the H200 image does); diffusers, pydantic, ray and the OCR reward's packages come from the
-# tarball when they do not import (SITE_TAR, default .whl/py312-site.tar.xz: see benchmarks/gpu_wheels.sh).
-# Knobs: OUT (default benchmarks/results/acceptance), TOTAL_S (480), SITE_TAR, PYTHON, SD35M_ARGS, QWEN_ARGS.
+# transformers (the H200 image does); diffusers, pydantic, ray and the OCR reward's packages come from
+# benchmarks/gpu_wheels.sh's tarballs in $WHEELS (default .whl/) when they do not import.
+# Knobs: OUT (default benchmarks/results/acceptance), TOTAL_S (480), WHEELS, PYTHON, SD35M_ARGS, QWEN_ARGS,
+# SPOTLIGHT_COMMIT (recorded when the tree is not a git checkout).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-$(command -v python3 || command -v python)}
@@ -31,7 +32,7 @@ fi
 STARTED=$(date +%s)
 TOTAL_S=${TOTAL_S:-480}
 OUT=${OUT:-benchmarks/results/acceptance}
-SITE_TAR=${SITE_TAR:-.whl/py312-site.tar.xz}
+WHEELS=${WHEELS:-.whl}
 SD35M_ARGS=${SD35M_ARGS:---prompts 2}
 QWEN_ARGS=${QWEN_ARGS:---prompts 1 --set rollout.group_size=8 --reference-repeats 1}
 RECORD="$OUT/gpu_acceptance.json"
@@ -40,14 +41,24 @@ rm -f "$RECORD"
 export SPOTLIGHT_COMMIT=${SPOTLIGHT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 
 if ! "$PYTHON" -c "import diffusers, pydantic, ray, rapidocr_onnxruntime" 2>/dev/null; then
-    if [ ! -f "$SITE_TAR" ]; then
-        echo "gpu_acceptance: $PYTHON cannot import diffusers/pydantic/ray/rapidocr_onnxruntime and $SITE_TAR is" \
-             "missing: build it with benchmarks/gpu_wheels.sh and carry it (or set SITE_TAR)" | tee "$OUT/logs/setup.log"
+    # each tarball whole, or in the parts gpu_wheels.sh split it into (carried in more than one device call)
+    SITE=$(mktemp -d)
+    unpacked=""
+    for tarball in "$WHEELS"/py312-site.tar.xz "$WHEELS"/py312-ocr.tar.xz; do
+        if [ -f "$tarball" ]; then
+            tar -xJf "$tarball" -C "$SITE" && unpacked="$unpacked $(basename "$tarball")"
+        elif compgen -G "$tarball.part-*" >/dev/null; then
+            cat "$tarball".part-* | tar -xJ -C "$SITE" && unpacked="$unpacked $(basename "$tarball") (parts)"
+        fi
+    done
+    export PYTHONPATH="$SITE:${PYTHONPATH:-}"
+    if ! "$PYTHON" -c "import diffusers, pydantic, ray, rapidocr_onnxruntime" 2>"$OUT/logs/setup.log"; then
+        echo "gpu_acceptance: $PYTHON cannot import diffusers, pydantic, ray and rapidocr_onnxruntime (unpacked from" \
+             "$WHEELS:${unpacked:- nothing}): run benchmarks/gpu_wheels.sh and carry its $WHEELS/py312-*" \
+             "files (WHEELS=folder)" | tee -a "$OUT/logs/setup.log"
+        rm -rf "$SITE"
         exit 2
     fi
-    SITE=$(mktemp -d)
-    tar -xJf "$SITE_TAR" -C "$SITE"
-    export PYTHONPATH="$SITE:${PYTHONPATH:-}"
 fi
 export PYTHONPATH="$PWD:${PYTHONPATH:-}"
 export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}

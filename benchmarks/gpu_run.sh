@@ -27,7 +27,7 @@ mkdir -p "$OUT"
 if ! "$PYTHON" -c "import diffusers, pydantic" 2>/dev/null; then
     if [ ! -f "$SITE_TAR" ]; then
         echo "gpu_run.sh: $PYTHON cannot import diffusers/pydantic and $SITE_TAR is missing: carry the tarball" \
-             "(SITE_TAR=path) or install diffusers 0.42.1 and pydantic 2" >&2
+             "(SITE_TAR=path; benchmarks/gpu_wheels.sh makes it) or install diffusers 0.42.1 and pydantic 2" >&2
         exit 2
     fi
     SITE_ROOT=$(mktemp -d)
@@ -42,12 +42,25 @@ if ! "$PYTHON" -c "import diffusers, pydantic" 2>/dev/null; then
     fi
     export PYTHONPATH="$PACKAGES:${PYTHONPATH:-}"
 fi
+# the recipes' OCR reward (rapidocr, onnxruntime, OpenCV): gpu_wheels.sh's second tarball, whole or in parts
+OCR_TAR=${OCR_TAR:-$(dirname "$SITE_TAR")/py312-ocr.tar.xz}
+if ! "$PYTHON" -c "import rapidocr_onnxruntime" 2>/dev/null; then
+    OCR_ROOT=$(mktemp -d)
+    if [ -f "$OCR_TAR" ]; then
+        tar -xJf "$OCR_TAR" -C "$OCR_ROOT"
+    elif compgen -G "$OCR_TAR.part-*" >/dev/null; then
+        cat "$OCR_TAR".part-* | tar -xJ -C "$OCR_ROOT"
+    else
+        echo "gpu_run.sh: no $OCR_TAR: the recipes' OCR reward cannot import; pass --set reward.name=<another>" >&2
+    fi
+    export PYTHONPATH="$OCR_ROOT:${PYTHONPATH:-}"
+fi
 export PYTHONPATH="$PWD:${PYTHONPATH:-}"
 "$PYTHON" -c "import diffusers, pydantic, torch; print('torch', torch.__version__, 'diffusers', diffusers.__version__)"
 if command -v nvidia-smi >/dev/null; then
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/nvidia-smi.txt"
 else
-    echo "gpu_run.sh: no nvidia-smi: no GPU here, gpu_throughput.py runs its small CPU mode"
+    echo "gpu_run.sh: no nvidia-smi: no GPU here (gpu_throughput.py exits 2 without CUDA; --small runs on the CPU)"
 fi
 
 # The random pipeline folder (41 GB for Qwen-Image in bf16) goes to RAM when /dev/shm has room, else to disk.
@@ -63,6 +76,6 @@ for model in $MODELS; do
 done
 
 if [ -n "${FSDP:-}" ]; then  # the FSDP2 loop on this GPU: a process group of one (NCCL), bf16 whole weights
-    "$PYTHON" benchmarks/gpu_smoke.py --families sd3 --finetune full --sharding fsdp 2>&1 | tee "$OUT/gpu_smoke_fsdp.log"
-    cp benchmarks/results/gpu_smoke_fsdp.json "$OUT/" 2>/dev/null || true
+    "$PYTHON" benchmarks/gpu_smoke.py --families sd3 --finetune full --sharding fsdp --out "$OUT/gpu_smoke_fsdp.json" \
+        2>&1 | tee "$OUT/gpu_smoke_fsdp.log"
 fi

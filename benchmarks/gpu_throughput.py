@@ -79,6 +79,7 @@ SMALL_OVERRIDES = ["train.micro_batch_size=null", "model.gradient_checkpointing=
                    # run; a small brightness term beside the recipe's OCR gives the update something to train on
                    "reward.name=null", "reward.weights={ocr: 1.0, 'gpu_throughput:mean_brightness': 0.1}"]
 SMALL_OUT = REPO / "runs" / "gpu_throughput_small_cpu.json"
+SHIPPED_DATASETS = REPO / "spotlight" / "assets" / "datasets"
 PHASES = ("encode", "sample", "decode", "reward", "update", "hand-over", "ema", "weight shipping")
 NO_CUDA = ("gpu_throughput: no CUDA device here (torch.cuda.is_available() is False); run it on a GPU, or pass "
            "--small for the tiny CPU check")
@@ -195,7 +196,14 @@ def spotlight_config(model: str, folder: Path, work: Path, args: argparse.Namesp
     ]
     # a CUDA trainer's host threads launch kernels; a CPU's small mode shares its cores with whatever else runs
     overrides.append(f"num_threads={max(1, min(8, torch.get_num_threads())) if args.device == 'cuda' else 1}")
-    if args.small:
+    if args.small:  # a slice of the recipe's prompts: at start Spotlight encodes every prompt it will see, and
+        # ~1,000 prompts one by one through 68 small encoder layers on a CPU would be most of the run
+        dataset = work / "ocr-prompts-small"
+        dataset.mkdir(parents=True, exist_ok=True)
+        for split, count in (("train", 8), ("test", 2)):
+            lines = (SHIPPED_DATASETS / "ocr" / f"{split}.txt").read_text().splitlines()[:count]
+            (dataset / f"{split}.txt").write_text("\n".join(lines) + "\n")
+        overrides += [f"data.dataset={dataset}", "eval.prompts=2"]
         overrides += [f"rollout.resolution={SMALL['resolution']}", f"rollout.num_steps={SMALL['steps']}",
                       f"rollout.group_size={SMALL['group']}", f"rollout.prompts_per_iteration={SMALL['prompts']}",
                       *SMALL_OVERRIDES]
@@ -455,7 +463,8 @@ def measure(model: str, args: argparse.Namespace) -> None:
         "setting": {"recipe": RECIPES[model]["recipe"], "resolution": config.rollout.resolution,
                     "steps": config.rollout.num_steps, "guidance": config.rollout.guidance_scale,
                     "prompts": config.rollout.prompts_per_iteration, "group": config.rollout.group_size,
-                    "dataset": config.data.dataset, "reward": config.reward.name or config.reward.weights,
+                    "dataset": "ocr (its first 8 prompts)" if args.small else config.data.dataset,
+                    "reward": config.reward.name or config.reward.weights,
                     "reward_overlap": config.reward.overlap, "reward_device": config.reward.device,
                     "dtype": args.dtype, "overrides": RECIPES[model]["overrides"] + args.overrides,
                     "gradient_checkpointing": config.model.gradient_checkpointing,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepare, on a machine that reaches PyPI, the packages the lent H200 image lacks, as one tarball to carry:
 #
-#   bash benchmarks/gpu_wheels.sh            # -> .whl/py312-site.tar.xz (~60 MB; .whl/ is git-ignored)
+#   bash benchmarks/gpu_wheels.sh     # -> .whl/py312-site.tar.xz and .whl/py312-ocr.tar.xz* (.whl/ is git-ignored)
 #
 # The H200 image has Python 3.12 with torch, transformers, peft, accelerate, safetensors, typer, rich, numpy,
 # Pillow and PyYAML, and reaches no package registry. Spotlight also needs diffusers, pydantic (and its small
@@ -10,8 +10,10 @@
 # resolved: the list below is the whole set, pinned to the versions the project is tested with), installs
 # them into .whl/site with `pip install --no-index --no-deps --target` for Python 3.12, deletes the parts of
 # ray that Spotlight never imports (its Java jars, RLlib, LLM, Serve, Data, Tune and Workflow libraries: 149 MB
-# left of ray), and packs the folder with xz. benchmarks/gpu_run.sh and benchmarks/gpu_acceptance.sh unpack
-# it and put it first on PYTHONPATH when the machine's Python cannot import diffusers and pydantic.
+# left of ray), and packs two tarballs with xz: Spotlight's packages (py312-site.tar.xz) and the OCR reward's
+# (py312-ocr.tar.xz; OpenCV's libraries make it the larger). One over 60 MiB is split into 60 MiB parts
+# (NAME.part-aa, -ab, ...), since the device tool carries at most 64 MiB a call. benchmarks/gpu_acceptance.sh
+# (and gpu_run.sh for py312-site.tar.xz) unpack them and put them first on PYTHONPATH.
 #
 # ORT_GPU=1 takes onnxruntime-gpu (CUDA provider: the OCR reward's detector and recogniser on the GPU) instead
 # of onnxruntime; its wheel is ~250 MB, too large for a 64 MiB carry, so the default is the CPU build, whose
@@ -34,16 +36,35 @@ TARGET=(--only-binary=:all: --no-deps --python-version 3.12 --implementation cp 
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
         --platform any)
 
-rm -rf "$DEST/wheels" "$DEST/site"
+SPOTLIGHT_PACKAGES=(diffusers pydantic pydantic_core annotated_types typing_inspection typing_extensions
+                    importlib_metadata zipp ray jsonschema jsonschema_specifications referencing rpds rpds_py)
+rm -rf "$DEST/wheels" "$DEST/site" "$DEST"/py312-*.tar.xz*
 mkdir -p "$DEST/wheels"
 "$PYTHON" -m pip download --quiet --dest "$DEST/wheels" "${TARGET[@]}" "${PACKAGES[@]}"
 "$PYTHON" -m pip install --quiet --no-index --find-links "$DEST/wheels" --target "$DEST/site" --no-compile \
     "${TARGET[@]}" "${PACKAGES[@]}"
 # what Spotlight never imports from ray (spotlight uses ray core: actors, placement groups, the object store)
-rm -rf "$DEST"/site/ray/{jars,rllib,llm,serve,data,tune,workflow}
-rm -rf "$DEST"/site/bin
+rm -rf "$DEST"/site/ray/{jars,rllib,llm,serve,data,tune,workflow} "$DEST/site/bin"
 du -sh "$DEST/site"
-XZ_OPT="-6 -T0" tar -C "$DEST/site" -cJf "$DEST/py312-site.tar.xz" .
-ls -l "$DEST/py312-site.tar.xz"
-echo "carry $DEST/py312-site.tar.xz with the tree (run tool: carry [\"$DEST/py312-site.tar.xz\"]), then:" \
-     "bash benchmarks/gpu_acceptance.sh"
+# two tarballs: Spotlight's packages, and the OCR reward's (rapidocr's ONNX weights, onnxruntime, OpenCV)
+mkdir -p "$DEST/site-spotlight" "$DEST/site-ocr"
+is_spotlights() {  # a package folder, module file or dist-info of SPOTLIGHT_PACKAGES
+    local package
+    for package in "${SPOTLIGHT_PACKAGES[@]}"; do
+        if [[ $1 == "$package" || $1 == "$package"-* || $1 == "$package".* ]]; then return 0; fi
+    done
+    return 1
+}
+for entry in "$DEST"/site/*; do
+    if is_spotlights "$(basename "$entry")"; then mv "$entry" "$DEST/site-spotlight/"; else mv "$entry" "$DEST/site-ocr/"; fi
+done
+XZ_OPT="-6 -T0" tar -C "$DEST/site-spotlight" -cJf "$DEST/py312-site.tar.xz" .
+XZ_OPT="-6 -T0" tar -C "$DEST/site-ocr" -cJf "$DEST/py312-ocr.tar.xz" .
+rm -rf "$DEST/site" "$DEST/site-spotlight" "$DEST/site-ocr"
+# the device tool carries at most 64 MiB a call: a larger tarball goes in 60 MiB parts (gpu_acceptance.sh joins them)
+for tarball in "$DEST"/py312-*.tar.xz; do
+    if [ "$(stat -c %s "$tarball")" -gt $(( 60 * 1024 * 1024 )) ]; then
+        split -b 60M "$tarball" "$tarball.part-" && rm "$tarball"
+    fi
+done
+ls -l "$DEST"/py312-*
