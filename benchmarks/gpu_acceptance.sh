@@ -33,7 +33,7 @@ STARTED=$(date +%s)
 TOTAL_S=${TOTAL_S:-480}
 OUT=${OUT:-benchmarks/results/acceptance}
 WHEELS=${WHEELS:-.whl}
-SD35M_ARGS=${SD35M_ARGS:---prompts 2}
+SD35M_ARGS=${SD35M_ARGS:---prompts 1}
 QWEN_ARGS=${QWEN_ARGS:---prompts 1 --set rollout.group_size=8 --reference-repeats 1}
 RECORD="$OUT/gpu_acceptance.json"
 mkdir -p "$OUT/logs"

@@ -439,23 +439,37 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def measure(model: str, args: argparse.Namespace) -> None:
-    """Build the folder, run Spotlight's recipe and diffusers' call, write the JSON and print the table."""
+    """Build the folder, run Spotlight's recipe, write the JSON; then diffusers' call, the JSON again, the table.
+
+    Written once before diffusers' call too, so that Spotlight's numbers survive a reference call the step's
+    time limit cuts short (``reference_pending`` says so)."""
     started = time.perf_counter()
-    peak, peak_source = peak_flops(args)
     with tempfile.TemporaryDirectory(prefix="gpu-throughput-") as scratch:
         work = args.work_dir or Path(scratch)
         folder, built = save_recipe_pipeline(model, work / f"{model}{'-small' if args.small else ''}",
                                              args.small, args.device, getattr(torch, args.dtype))
-        setup_s = time.perf_counter() - started
+        setup = {"setup_s": time.perf_counter() - started, "pipeline_built": built}
         config = spotlight_config(model, folder, work, args)
         spot = measure_spotlight(config, args, started)
+        if not args.no_reference:
+            write_result(args.out, assemble(model, config, args, spot, None, setup, started, pending=True))
         prompts = spot["prompts_first_timed_iteration"]
         reference = None if args.no_reference else measure_reference(model, folder, config, prompts, args)
         if args.work_dir is not None and not args.keep_folders:
             shutil.rmtree(folder, ignore_errors=True)  # the next model's folder needs the room (41 GB for Qwen)
+    result = assemble(model, config, args, spot, reference, setup, started, pending=False)
+    write_result(args.out, result)
+    print_table(result)
+    print(f"wrote {args.out} ({result['total_s']:.0f} s)")
+
+
+def assemble(model: str, config: TrainConfig, args: argparse.Namespace, spot: dict[str, Any],
+             reference: dict[str, Any] | None, setup: dict[str, Any], started: float, pending: bool) -> dict[str, Any]:
+    """One model's entry of the results JSON."""
     import diffusers
 
-    result = {
+    peak, peak_source = peak_flops(args)
+    return {
         "benchmark": "gpu_throughput", "commit": commit(), "command": " ".join(sys.argv),
         "machine": machine(), "device": device_name(args.device), "device_memory_bytes": device_memory(args.device),
         "torch": torch.__version__, "diffusers": diffusers.__version__, "model": model,
@@ -472,13 +486,10 @@ def measure(model: str, args: argparse.Namespace) -> None:
         "peak_flops": peak, "peak_flops_source": peak_source,
         "flops_note": "model FLOPs of the transformer calls only (text encoders and VAE not counted): a training "
                       "call is its forward and backward; gradient checkpointing's recomputed forward is not counted",
-        "setup_s": setup_s, "pipeline_built": built, "total_s": time.perf_counter() - started,
+        **setup, "total_s": time.perf_counter() - started, "reference_pending": pending,
         "reference": reference, "spotlight": spot, "derived": derived(reference, spot, peak),
         "time_budget_s": args.time_budget_s,
     }
-    write_result(args.out, result)
-    print_table(result)
-    print(f"wrote {args.out} ({result['total_s']:.0f} s)")
 
 
 if __name__ == "__main__":
