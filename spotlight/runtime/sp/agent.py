@@ -179,6 +179,9 @@ class NodeAgent:
         config_dict = _description(config)
         tensors = {name: torch.as_tensor(np.asarray(value)) if not isinstance(value, torch.Tensor) else value
                    for name, value in weights.items()}
+        # a payload ships in the sampling dtype (bfloat16); the policies' trained tensors, mapped as these, are float32
+        tensors = {name: tensor.float() if tensor.dtype in (torch.bfloat16, torch.float16) else tensor
+                   for name, tensor in tensors.items()}
         with self._lock:
             same = config_dict == self._config and tensors.keys() == self._weights.keys() and all(
                 self._weights[n].shape == t.shape and self._weights[n].dtype == t.dtype for n, t in tensors.items()
