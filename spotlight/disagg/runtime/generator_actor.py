@@ -29,7 +29,7 @@ from spotlight.explore.candidates import score_latents
 from spotlight.models.generation import generate, images_of, prompt_tokens
 from spotlight.models.policy import Policy, to_images
 from spotlight.rewards.base import Reward, guarded_score
-from spotlight.runtime.spot.worker import model_from_weights
+from spotlight.runtime.spot.worker import load_weights, model_from_weights
 
 __all__ = ["GeneratorDevice", "run_task", "unit_scorer", "with_strict"]
 
@@ -90,7 +90,7 @@ class GeneratorDevice:
         if self.model is None:
             self.model = model_from_weights(self.policy_config, weights)
         else:
-            self.model.load_broadcast_state({name: torch.tensor(array) for name, array in weights.items()})
+            load_weights(self.model, weights)  # θ's payload: one copy into the model's own parameters
         self.version = version
 
     def serve(self, queue: Any) -> dict[str, float]:
