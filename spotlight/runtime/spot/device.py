@@ -3,9 +3,9 @@
 A spot device has three jobs in an iteration, all with the same weights: help the rollout
 (`SpotDevice.sample`, whole trajectories with log-probs), serve the exploration queue
 (`SpotDevice.explore`, the preemption-aware `worker_loop`), and answer a preemption notice
-(`notify_preemption`). The weights arrive once per iteration as an ``ObjectRef`` of
-`worker.model_weights` arrays: Ray resolves it from the node's object store (one copy per node,
-never a file).
+(`notify_preemption`). The weights arrive once per iteration as an ``ObjectRef`` of the
+`worker.model_weights` payload (one buffer of the trained tensors): Ray resolves it from the node's
+object store (one copy per node, never a file).
 
 Every call returns a `DeviceCall`: when it ran (wall clock, seconds since the epoch, so the driver
 can place it on the run's timeline) and how much of it was model compute. Model compute is timed by
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,8 +105,8 @@ class SpotDevice:
         """Returns the device id once the process is up (actor construction is asynchronous)."""
         return self.device_id
 
-    def load_weights(self, version: int, weights: dict[str, np.ndarray]) -> DeviceCall:
-        """Take θ_version (``weights``, `model_weights` arrays resolved by Ray from the object store).
+    def load_weights(self, version: int, weights: Mapping[str, Any]) -> DeviceCall:
+        """Take θ_version (``weights``, the `model_weights` payload resolved by Ray from the object store).
 
         The first call builds the model from its config; later ones load only the broadcast state (a
         LoRA policy's matrices over the base it built once).

@@ -350,7 +350,7 @@ def _complete_finished(
 class DenoiseWorker:
     """A Ray actor that runs `worker_loop` on one device (here: one CPU thread).
 
-    ``weights`` are `model_weights` arrays, passed as an ``ObjectRef`` from ``ray.put`` so that every
+    ``weights`` is the `model_weights` payload, passed as an ``ObjectRef`` from ``ray.put`` so that every
     worker on a node maps the same object-store copy. Two concurrent calls: ``run`` (the loop) and
     ``notify_preemption`` (sets the flag the loop checks between steps).
     """
