@@ -5,20 +5,29 @@ and ``scheduler/`` and imports neither diffusers nor torch weights, so a config 
 sampling plan made and a spot device told what to build before any model is loaded. The numbers are
 the ones the family's own pipeline derives (``vae_scale_factor``, the 2x2 packing, ``calculate_shift``'s
 ``mu``), so that Spotlight samples on the grid and schedule that ``pipe(...)`` would.
+
+A component's class is what ``model_index.json`` names for it (``"text_encoder": ["transformers",
+"CLIPTextModelWithProjection"]``), as ``DiffusionPipeline.from_pretrained`` takes it (`component_class`).
+Keys that published folders carry but diffusers never reads to pick a class are not required: a
+text encoder's ``architectures`` and ``model_type`` (transformers writes them only when it saves a
+model; a folder assembled from configs lacks them) and a component config's ``_class_name``; where
+present, ``_class_name`` is a cross-check only.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from spotlight.models.pipelines.family_config import Family
 
-__all__ = ["PIPELINE_FAMILIES", "PipelineFolder", "PipelineFolderError", "ScheduleParams", "read_pipeline_folder"]
+__all__ = ["PIPELINE_FAMILIES", "ComponentClassError", "PipelineFolder", "PipelineFolderError", "ScheduleParams",
+           "component_class", "read_pipeline_folder"]
 
 # model_index.json's _class_name -> family. Only the text-to-image pipelines: an img2img or inpainting
 # folder holds the same parts but is saved under its own class; the base class name is what users download.
@@ -37,6 +46,11 @@ _UNSUPPORTED_SCHEDULES = ("use_karras_sigmas", "use_exponential_sigmas", "use_be
 
 class PipelineFolderError(ValueError):
     """A folder that is not a usable pipeline, or a resolution it cannot take; one line: the cause and the fix."""
+
+
+class ComponentClassError(PipelineFolderError):
+    """``model_index.json`` names a class (or library) for a component that this install lacks; one line naming
+    the class, the library and the version the folder was saved with."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +79,15 @@ class PipelineFolder:
     transformer: dict[str, Any]
     vae: dict[str, Any]
     scheduler: dict[str, Any]
+    index: dict[str, Any] = field(default_factory=dict)  # model_index.json: each component's class
+
+    def class_name(self, part: str) -> tuple[str, str]:
+        """(library, class) that ``model_index.json`` names for ``part``: what diffusers builds it from."""
+        entry = self.index.get(part)
+        if not (isinstance(entry, list) and len(entry) == 2 and all(isinstance(item, str) for item in entry)):
+            raise PipelineFolderError(f"{self.path}/model_index.json gives {part} as {entry!r}, not [library, class]: "
+                                      f"write it as diffusers saves it, e.g. [\"diffusers\", \"AutoencoderKL\"]")
+        return entry[0], entry[1]
 
     @property
     def vae_scale_factor(self) -> int:
@@ -136,6 +159,72 @@ class PipelineFolder:
         return ScheduleParams(shift=shift, grid_end=grid_end, shift_terminal=float(terminal) if terminal else None)
 
 
+def _saved_with(folder: PipelineFolder, part: str, library: str) -> str | None:
+    """The ``library`` version that saved ``part`` (its config's ``transformers_version`` / ``_diffusers_version``,
+    else model_index.json's), or None when no file says."""
+    key = "_diffusers_version" if library == "diffusers" else f"{library}_version"
+    for path in sorted((folder.path / part).glob("*config.json")):
+        try:
+            version = json.loads(path.read_text()).get(key)
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(version, str):
+            return version
+    version = folder.index.get(f"_{library}_version") if library == "diffusers" else None
+    return version if isinstance(version, str) else None
+
+
+def component_class(folder: PipelineFolder, part: str) -> type:
+    """The class ``model_index.json`` names for ``part``, imported from its library (as diffusers resolves it).
+
+    Raises ComponentClassError (one line) when the library is not installed or has no such class: the
+    message names the class, the library, the installed version and the version that saved the folder.
+    """
+    from importlib import metadata
+
+    library, name = folder.class_name(part)
+    try:
+        module = importlib.import_module(library)
+    except ImportError:
+        raise ComponentClassError(f"{folder.path}/model_index.json names {library}.{name} for {part}, but {library} "
+                                  f"is not installed: pip install {library}") from None
+    try:
+        cls = getattr(module, name, None)
+    except ImportError as error:  # the class exists but needs a backend this install lacks
+        raise ComponentClassError(f"{folder.path}/model_index.json names {library}.{name} for {part}, which cannot "
+                                  f"be imported here ({_one_line(error)})") from None
+    if isinstance(cls, type):
+        return cls
+    try:
+        installed = metadata.version(library.split(".")[0])
+    except metadata.PackageNotFoundError:
+        installed = "(version unknown)"
+    saved = _saved_with(folder, part, library.split(".")[0])
+    if saved is not None and _newer(saved, installed):
+        need = f"install {library}>={saved}, the version that saved {part}"
+    else:
+        need = f"install a {library} version that has {name}, or correct the class in model_index.json"
+    raise ComponentClassError(f"{folder.path}/model_index.json names {library}.{name} for {part}, which the "
+                              f"installed {library} {installed} lacks: {need}")
+
+
+def _newer(version: str, than: str) -> bool:
+    """Whether ``version`` is a later release than ``than`` (False when either cannot be parsed)."""
+    try:  # packaging comes with transformers and torch
+        from packaging.version import InvalidVersion, Version
+    except ImportError:
+        return False
+    try:
+        return Version(version) > Version(than)
+    except InvalidVersion:
+        return False
+
+
+def _one_line(error: BaseException) -> str:
+    """``error``'s message on one line."""
+    return " ".join(str(error).split()) or type(error).__name__
+
+
 def _read_json(path: Path, folder: Path, what: str) -> dict[str, Any]:
     if not path.is_file():
         raise PipelineFolderError(f"{folder} has no {path.relative_to(folder)} ({what}): pass a complete diffusers "
@@ -171,6 +260,7 @@ def _read(folder: Path) -> PipelineFolder:
         transformer=_read_json(folder / "transformer" / "config.json", folder, "the transformer's config"),
         vae=_read_json(folder / "vae" / "config.json", folder, "the VAE's config"),
         scheduler=_read_json(folder / "scheduler" / "scheduler_config.json", folder, "the scheduler's config"),
+        index=index,
     )
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from spotlight.models.pipelines.folder import PipelineFolder
+from spotlight.models.pipelines.folder import PipelineFolder, component_class
 from spotlight.models.pipelines.loading import quiet_loading
 
 __all__ = ["LatentDecoder"]
@@ -39,11 +39,9 @@ class LatentDecoder:
     @property
     def vae(self) -> Any:
         if self._vae is None:
-            import diffusers
-
-            name = "AutoencoderKLQwenImage" if self.folder.family == "qwen-image" else "AutoencoderKL"
+            cls = component_class(self.folder, "vae")  # the class model_index.json names, as diffusers loads it
             with quiet_loading():
-                self._vae = getattr(diffusers, name).from_pretrained(str(self.folder.path / "vae"), dtype=self.dtype)
+                self._vae = cls.from_pretrained(str(self.folder.path / "vae"), dtype=self.dtype)
             self._vae.requires_grad_(False).eval().to(self.device)
         return self._vae
 

@@ -73,6 +73,22 @@ def build_tiny_transformer(family: Family, overrides: dict[str, Any] | None = No
         raise ValueError(f"tiny_overrides for {family} do not fit {cls.__name__} ({error})") from None
 
 
+def _check_pipeline_classes(folder: Path) -> str:
+    """Every component of the pipeline folder resolves to the class its model_index.json names (what the
+    text encoders and the VAE load as later, mid-run); the transformer's class name. DiffusersLoadError
+    (one line) for a class, or a library, this install lacks."""
+    from spotlight.models.pipelines.folder import PipelineFolderError, component_class, read_pipeline_folder
+
+    try:
+        pipeline = read_pipeline_folder(folder)
+        for part in pipeline.components:
+            component_class(pipeline, part)
+        library, name = pipeline.class_name("transformer")
+    except PipelineFolderError as error:
+        raise DiffusersLoadError(str(error)) from None
+    return name if library == "diffusers" else f"{library}.{name}"
+
+
 def _looks_like_path(name: str) -> bool:
     """A Hub id is ``name`` or ``org/name``; anything with more parts or a path prefix is a folder."""
     return name.startswith(("/", ".", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
@@ -95,12 +111,16 @@ def load_transformer(family: Family, path_or_id: str, dtype: torch.dtype = torch
                 f"{folder} has neither transformer/config.json nor config.json: pass a diffusers pipeline folder "
                 f"or its transformer/ folder"
             )
-        stored_class = json.loads(config_path.read_text()).get("_class_name", cls.__name__)
-        if stored_class != cls.__name__:  # diffusers would fail later on a weight shape, naming no family
-            families = {name: family for family, name in TRANSFORMER_CLASSES.items()}
-            fix = f"set family: {families[stored_class]}" if stored_class in families else "pass another folder"
-            raise DiffusersLoadError(f"{config_path} describes a {stored_class}, not the {cls.__name__} of family "
-                                     f"{family}: {fix}")
+        # the class diffusers builds is model_index.json's; a config's _class_name (not required) cross-checks it
+        named = {config_path: json.loads(config_path.read_text()).get("_class_name", cls.__name__)}
+        if (folder / "model_index.json").is_file():
+            named[folder / "model_index.json"] = _check_pipeline_classes(folder)
+        for source, stored_class in named.items():
+            if stored_class != cls.__name__:  # diffusers would fail later on a weight shape, naming no family
+                families = {name: family for family, name in TRANSFORMER_CLASSES.items()}
+                fix = f"set family: {families[stored_class]}" if stored_class in families else "pass another folder"
+                raise DiffusersLoadError(f"{source} describes a {stored_class} transformer, not the {cls.__name__} of "
+                                         f"family {family}: {fix}")
         with quiet_loading():
             return cls.from_pretrained(str(transformer_folder), dtype=dtype)
     if _looks_like_path(path_or_id):

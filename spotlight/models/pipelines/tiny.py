@@ -190,7 +190,12 @@ def build_tiny_pipeline(family: Family, seed: int = 0) -> Any:
 
 def save_tiny_pipeline(family: Family, folder: str | Path, seed: int = 0) -> Path:
     """Build a tiny ``family`` pipeline and ``save_pretrained`` it into ``folder`` (created); returns the folder."""
+    from spotlight.models.pipelines.folder import component_class, read_pipeline_folder
+
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     build_tiny_pipeline(family, seed).save_pretrained(str(folder))
+    saved = read_pipeline_folder(folder)
+    for part in saved.components:  # every class model_index.json names is one diffusers (and Spotlight) can load
+        component_class(saved, part)
     return folder

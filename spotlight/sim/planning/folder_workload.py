@@ -127,41 +127,44 @@ class FolderWorkload:
         return self.trainable_parameters * FLOAT32_BYTES
 
 
-def part_parameters(folder: Path, part: str) -> int:
+def part_parameters(folder: PipelineFolder, part: str) -> int:
     """Parameters of a pipeline part (text encoder, VAE): its safetensors headers, else its config on meta.
 
     A folder of configs only (a hub snapshot without weights) has no headers to read, so the part is
-    built on the meta device from its config.json (no memory, no weights), once per config
-    (`spotlight.sim.planning.count_cache`).
+    built on the meta device from its config.json (no memory, no weights) as the class ``model_index.json``
+    names, the class diffusers would load (a text encoder's config need not carry ``architectures``),
+    once per config and class (`spotlight.sim.planning.count_cache`).
     """
-    directory = folder / part
+    directory = folder.path / part
     shapes = safetensors_shapes(directory)
     if shapes:
         return sum(math.prod(shape) for shape in shapes.values())
     if not (directory / "config.json").is_file():
         raise PipelineFolderError(f"{directory} has neither safetensors nor a config.json: Spotlight cannot size the "
                                   f"{part}; pass the pipeline folder with its {part}/config.json")
+    library, name = folder.class_name(part)
     text = (directory / "config.json").read_text()
-    counted = cached("parameters", {"config": text}, lambda: {"parameters": _meta_parameters(directory)})
+    counted = cached("parameters", {"config": text, "class": [library, name]},
+                     lambda: {"parameters": _meta_parameters(folder, part)})
     return int(counted["parameters"])
 
 
-def _meta_parameters(directory: Path) -> int:
+def _meta_parameters(folder: PipelineFolder, part: str) -> int:
+    """Parameters of ``part`` built on the meta device as diffusers builds it: its model_index.json class
+    from its config.json (a diffusers model's ``from_config``, a transformers model's own config class)."""
     import json
 
     import torch
 
-    config = json.loads((directory / "config.json").read_text())
+    from spotlight.models.pipelines.folder import component_class
+
+    cls = component_class(folder, part)
+    directory = folder.path / part
     with torch.device("meta"):
-        if "_class_name" in config:  # a diffusers model (the VAE)
-            import diffusers
-
-            model = getattr(diffusers, config["_class_name"]).from_config(config)
-        else:
-            import transformers
-
-            loaded = transformers.AutoConfig.from_pretrained(str(directory))
-            model = getattr(transformers, loaded.architectures[0])._from_config(loaded)
+        if folder.class_name(part)[0] == "transformers":  # a text encoder: its config read by its own config class
+            model = cls._from_config(cls.config_class.from_pretrained(str(directory)))
+        else:  # a diffusers model (the VAE)
+            model = cls.from_config(json.loads((directory / "config.json").read_text()))
     return sum(p.numel() for p in model.parameters())
 
 
@@ -281,8 +284,8 @@ def derive_workload(config: RunFields, device: DeviceProfile, prompt_tokens: int
     blocks = int(transformer.get("num_layers", 0)) + int(transformer.get("num_single_layers", 0))
     heads = int(transformer["num_attention_heads"])
     hidden = heads * int(transformer["attention_head_dim"])
-    text = sum(part_parameters(folder.path, part) for part in folder.components if part.startswith("text_encoder"))
-    vae = part_parameters(folder.path, "vae")
+    text = sum(part_parameters(folder, part) for part in folder.components if part.startswith("text_encoder"))
+    vae = part_parameters(folder, "vae")
     vae_channels = int(folder.vae.get("base_dim") or (folder.vae.get("block_out_channels") or [0])[0])
     sizes = ModelSizes(transformer=count.parameters, text_encoders=text, vae=vae, lora=count.lora_parameters,
                        blocks=blocks, hidden=hidden, lora_inputs=count.lora_inputs, lora_weights=count.lora_weights,

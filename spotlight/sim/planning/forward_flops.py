@@ -99,20 +99,26 @@ def meta_transformer(folder: PipelineFolder, lora: LoraShape | None = None) -> n
     """The folder's transformer built on the meta device from its config.json (no weights read).
 
     ``lora``: (rank, target module names) of the adapter to add, as the policy adds it (peft through
-    diffusers' ``add_adapter``): its FLOPs are part of every forward. Raises UnknownTransformerError
-    when the config names a class other than the family's.
+    diffusers' ``add_adapter``): its FLOPs are part of every forward. The class is the one model_index.json
+    names, as diffusers loads it (transformer/config.json's ``_class_name``, when present, must agree).
+    Raises UnknownTransformerError when either names a class other than the family's.
     """
-    import diffusers
+    from spotlight.models.pipelines.folder import component_class
 
-    name = str(folder.transformer.get("_class_name", ""))
+    library, name = folder.class_name("transformer")
     expected = TRANSFORMER_CLASSES[folder.family]
-    if name != expected:
-        known = ", ".join(f"{cls} ({family})" for family, cls in TRANSFORMER_CLASSES.items())
-        raise UnknownTransformerError(
-            f"{folder.path}/transformer/config.json names {name or 'no _class_name'}, which Spotlight cannot count "
-            f"or train for a {folder.family} pipeline: use a folder whose transformer is one of {known}")
+    stored = folder.transformer.get("_class_name")  # not required; where present, a cross-check
+    named = {"model_index.json": name if library == "diffusers" else f"{library}.{name}",
+             "transformer/config.json": stored or expected}
+    for source, class_name in named.items():
+        if class_name != expected:
+            known = ", ".join(f"{cls} ({family})" for family, cls in TRANSFORMER_CLASSES.items())
+            raise UnknownTransformerError(
+                f"{folder.path}/{source} names {class_name} as the transformer, which Spotlight cannot count or train "
+                f"for a {folder.family} pipeline: use a folder whose transformer is one of {known}")
+    cls = component_class(folder, "transformer")
     with torch.device("meta"):
-        model = getattr(diffusers, name).from_config(folder.transformer)
+        model = cls.from_config(folder.transformer)
         if lora is not None:
             from peft import LoraConfig
 
