@@ -84,8 +84,9 @@ def copy_shards(target: LoopModel, source: LoopModel) -> None:
 
 @dataclass(frozen=True)
 class ShardUnit:
-    """One FSDP2 unit of a transformer: a block (``root``: its path, recursed), or the root's own tensors (the
-    embeddings, norms and output layers outside the blocks: ``modules``, each without its children)."""
+    """One FSDP2 unit of a transformer, by module paths from its root: a block (one path, ``recurse``: with its
+    children), or the root's own tensors (the embeddings, norms and output layers outside the blocks: every
+    such module, each without its children, the root itself last)."""
 
     modules: tuple[str, ...]
     recurse: bool
@@ -128,12 +129,14 @@ def shard_units(root: nn.Module) -> list[ShardUnit]:
     return [*(ShardUnit((name,), recurse=True) for name in blocks), ShardUnit((*own, ""), recurse=False)]
 
 
-def _skeleton(whole: LoopModel, requires_grad: bool) -> LoopModel:
+def _skeleton(whole: LoopModel, trained: bool) -> LoopModel:
     """A copy of ``whole`` whose transformer's parameters are on the meta device (no storage: FSDP2 shards it, and
-    `ShardedVersions` allocates only the shards); its buffers are ``whole``'s own tensors, shared (never trained)."""
+    `ShardedVersions` allocates only the shards), trained as ``whole``'s are or (not ``trained``) frozen; its
+    buffers are ``whole``'s own tensors, shared (never trained; a copy of SD3.5 Medium's position table is 0.9 GB)."""
     root = whole.shard_root
     memo: dict[int, Any] = {id(buffer): buffer for buffer in root.buffers()}
-    memo.update({id(parameter): nn.Parameter(torch.empty_like(parameter, device="meta"), requires_grad=requires_grad)
+    memo.update({id(parameter): nn.Parameter(torch.empty_like(parameter, device="meta"),
+                                             requires_grad=trained and parameter.requires_grad)
                  for parameter in root.parameters()})
     return copy.deepcopy(whole, memo)
 
@@ -148,14 +151,15 @@ class ShardedVersions:
 
     ``whole``: the policy this rank built (its transformer loaded in float32); it becomes ``sampler`` (frozen,
     cast to ``trainer.whole_dtype`` one unit at a time by `start` or `restore`), and θ and every other version
-    are sharded skeletons of it, given storage there. Nothing here is a collective.
+    are sharded skeletons of it, given storage there. Building it is no collective: the ranks build theirs at
+    different moments (rank 0 once ranks 1..K-1 have joined).
     """
 
     def __init__(self, whole: LoopModel, section: Any, trainer: Any) -> None:
         whole_dtype = None if trainer.whole_dtype is None else getattr(torch, trainer.whole_dtype)
 
         def shard(trained: bool = False) -> LoopModel:
-            policy = _skeleton(whole, requires_grad=trained)
+            policy = _skeleton(whole, trained)
             return sharded(policy, trainer.cpu_offload, trainer.activation_checkpointing and trained, whole_dtype)
 
         self.model = shard(trained=True)
