@@ -146,18 +146,21 @@ def test_the_supervisor_serves_a_config_reward_given_serve_args(monkeypatch):
 
 @pytest.mark.slow
 def test_a_run_with_overlap_scores_in_the_worker_and_learns_what_a_run_without_it_learns(tiny_base_model, tmp_path):
+    from spotlight.rewards.background import BackgroundReward
     from spotlight.rewards.pool import PooledReward
     from spotlight.trainer import Trainer
 
     runs = {}
-    for overlap in (False, True):
-        reward = {"name": "shapes", "overlap": overlap, "overlap_groups": 1}
-        trainer = Trainer(run_config(str(tiny_base_model), tmp_path / f"overlap-{overlap}", "shapes", reward))
+    for overlap, worker in ((False, "thread"), (True, "process"), (True, "thread")):
+        reward = {"name": "shapes", "overlap": overlap, "overlap_groups": 1, "overlap_worker": worker}
+        trainer = Trainer(run_config(str(tiny_base_model), tmp_path / f"overlap-{overlap}-{worker}", "shapes", reward))
         summary = trainer.run()
-        runs[overlap] = metrics(summary.run_dir)
+        runs[overlap, worker] = metrics(summary.run_dir)
         if overlap:  # both rollouts were scored chunk by chunk during sampling, not again afterwards
-            assert isinstance(trainer.reward, PooledReward) and trainer.reward.prefetched_used == 2
+            kind = PooledReward if worker == "process" else BackgroundReward
+            assert isinstance(trainer.reward, kind) and trainer.reward.prefetched_used == 2
             trainer.reward.close()
-    for plain, pooled in zip(runs[False][1:], runs[True][1:], strict=True):
-        for key in ("rollout/reward_mean", "rollout/group_reward_std", "train/loss"):
-            assert pooled[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), key
+    for overlapped in ((True, "process"), (True, "thread")):
+        for plain, scored in zip(runs[False, "thread"][1:], runs[overlapped][1:], strict=True):
+            for key in ("rollout/reward_mean", "rollout/group_reward_std", "train/loss"):
+                assert scored[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), (overlapped, key)
