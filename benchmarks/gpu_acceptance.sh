@@ -66,14 +66,17 @@ export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
 'ray', ray.__version__, torch.cuda.get_device_name(0))" 2>&1 | tee "$OUT/logs/setup.log"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/logs/setup.log" 2>&1 || true
 
-# Pipeline folders (57 GB for Qwen-Image with its text encoder, in bf16) in RAM when /dev/shm has room.
-if [ "$(df --output=avail -BG /dev/shm 2>/dev/null | tail -1 | tr -dc 0-9)" -ge 70 ] 2>/dev/null; then
+# Pipeline folders (~58 GB for Qwen-Image with its 7 B text encoder, in bf16; one at a time) in RAM when
+# /dev/shm has room: the H200 machine's disk is 64 GiB in all.
+if [ "$(df --output=avail -BG /dev/shm 2>/dev/null | tail -1 | tr -dc 0-9)" -ge 62 ] 2>/dev/null; then
     WORK=/dev/shm/gpu-acceptance
 else
     WORK=${TMPDIR:-/tmp}/gpu-acceptance
 fi
 mkdir -p "$WORK"
 trap 'rm -rf "$WORK" ${SITE:+"$SITE"}' EXIT
+df -h /dev/shm "$WORK" >> "$OUT/logs/setup.log" 2>&1 || true
+"$PYTHON" benchmarks/acceptance_record.py "$RECORD" setup 0 "$(( $(date +%s) - STARTED ))" 0 "$OUT/logs/setup.log"
 
 left() { echo $(( TOTAL_S - ($(date +%s) - STARTED) )); }
 
