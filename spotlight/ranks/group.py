@@ -34,7 +34,8 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -66,13 +67,19 @@ from spotlight.rewards.base import Reward, RewardOutput
 from spotlight.rl.grpo import RolloutBatch
 from spotlight.run_error import RunError
 
-__all__ = ["COLLECTIVE_TIMEOUT_S", "TrainerRanks"]
+__all__ = ["CHECKPOINT_TIMEOUT_S", "COLLECTIVE_TIMEOUT_S", "TrainerRanks", "checkpoint_io"]
 
 logger = logging.getLogger(__name__)
 
 # How long a rank waits in one collective for the others. A dead peer's closed connection fails it at
 # once; this bounds the case where the transport does not notice, within the minute a dead rank may take.
 COLLECTIVE_TIMEOUT_S = 40.0
+# How long the collectives of a checkpoint's shards (writing or reading them, `checkpoint_io`) may wait: a
+# rank writing tens of GB of a large model's shards takes minutes, and the others wait for it in DCP's last
+# gather; a short timeout there would kill healthy ranks. Failure detection everywhere else stays short.
+CHECKPOINT_TIMEOUT_S = 1800.0
+# The calls of `TrainerRank` that read or write a checkpoint's shards (their collectives: `checkpoint_io`).
+CHECKPOINT_CALLS = ("save_shards", "restore")
 # Metrics that are sums over the rows a rank computed (each row weighted by its share of the whole
 # minibatch): the run's value is the sum over ranks. The rest (grad norm, sample counts) are global.
 SUMMED_METRICS = ("train/loss", "train/kl", "train/policy_loss", "train/clip_fraction", "train/ratio")
@@ -82,6 +89,27 @@ def join_group(device: str, address: str, rank: int, world_size: int) -> None:
     """Join the K ranks' process group (`process_group_backend`: NCCL on GPUs, gloo on the CPU)."""
     dist.init_process_group(process_group_backend(device), init_method=address, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+
+
+@contextmanager
+def checkpoint_io() -> Iterator[None]:
+    """The group's collectives started in the block may wait `CHECKPOINT_TIMEOUT_S`, those after it
+    `COLLECTIVE_TIMEOUT_S` again; every rank enters it around the same calls (`CHECKPOINT_CALLS`).
+
+    A collective's timeout is the group's when it is issued (NCCL's watchdog and gloo read it per
+    operation), so the group is kept and only its timeout changes, as torchtitan lowers its own after the
+    first step (torch's ``_set_pg_timeout``). Outside a process group (one process) it does nothing.
+    """
+    if not dist.is_initialized():
+        yield
+        return
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+
+    _set_pg_timeout(datetime.timedelta(seconds=CHECKPOINT_TIMEOUT_S))
+    try:
+        yield
+    finally:
+        _set_pg_timeout(datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
 
 
 class TrainerRank:
@@ -131,12 +159,14 @@ class TrainerRank:
         getattr(self.versions, name)(*args)
 
     def save_shards(self, staging: Path) -> None:
-        self.versions.save_shards(staging, self.optimizer)
+        with checkpoint_io():
+            self.versions.save_shards(staging, self.optimizer)
 
     def restore(self, checkpoint: Path) -> None:
         from spotlight.components.checkpoint import load_training_state
 
-        self.versions.restore(checkpoint, self.optimizer, load_training_state(checkpoint))
+        with checkpoint_io():
+            self.versions.restore(checkpoint, self.optimizer, load_training_state(checkpoint))
 
     def align_optimizer(self, learning_rates: list[float], cleared: bool) -> None:
         """Rank 0's learning rates, and its cleared moments after a guard rollback (fsdp: each keeps its own)."""
@@ -260,14 +290,17 @@ class TrainerRanks:
         """``method(*args)`` on ranks 1..K-1 while rank 0 runs ``local()`` (a collective inside finds every rank);
         ``local``'s result. A rank that dies or fails is one line (`RunError`)."""
         what = f"{args[0] if method == 'versions_call' else method.replace('_', ' ')}"
+        checkpoint = method in CHECKPOINT_CALLS  # its collectives wait longer, on every rank (`checkpoint_io`)
+        timeout_s = (CHECKPOINT_TIMEOUT_S if checkpoint else COLLECTIVE_TIMEOUT_S) + 20.0
         calls = [getattr(actor, method).remote(*args) for actor in self.actors]
         try:
-            result = local()
+            with checkpoint_io() if checkpoint else nullcontext():
+                result = local()
         except (RuntimeError, dist.DistBackendError) as error:  # a collective failed: which rank is gone?
-            self._get(calls, what)
+            self._get(calls, what, timeout_s)
             raise RunError(f"trainer rank 0 failed in {what} ({one_line(error)}); resume from the last checkpoint "
                            "with --resume") from None
-        self._get(calls, what)
+        self._get(calls, what, timeout_s)
         return result
 
     def synchronise(self) -> None:
