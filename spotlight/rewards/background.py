@@ -58,13 +58,16 @@ def concat(outputs: Sequence[RewardOutput]) -> RewardOutput:
 
 @contextlib.contextmanager
 def _after(ready: Any, images: torch.Tensor) -> Iterator[None]:
-    """On CUDA, this thread's work on a side stream that starts once ``ready`` (the chunk's images) has."""
-    if ready is None:
+    """On CUDA, this thread's work on a side stream (that starts once ``ready``, the chunk's images on the device,
+    has): a model reward's kernels then run beside the sampler's instead of queueing behind them on the default
+    stream, and reading its scores back waits for its own work only. Without CUDA, as it is."""
+    if ready is None and not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         yield
         return
-    stream = torch.cuda.Stream(images.device)
-    stream.wait_event(ready)
-    images.record_stream(stream)  # the allocator keeps the images' memory until this stream is done with it
+    stream = torch.cuda.Stream(images.device if images.is_cuda else None)
+    if ready is not None:
+        stream.wait_event(ready)
+        images.record_stream(stream)  # the allocator keeps the images' memory until this stream is done with it
     with torch.cuda.stream(stream):
         yield
 
