@@ -241,8 +241,9 @@ def estimate_training_memory(sizes: ModelSizes, *, dtype: Literal["float32", "bf
     of the transformer to sample with and two blocks gathered at a time, both ``whole_bytes`` a parameter
     (``trainer.whole_dtype``). Its ``peaks``: the start-up (`ShardedVersions` walks the loaded float32
     transformer one block at a time, each block's shards made and its float32 weights replaced by
-    ``whole_bytes`` ones: the larger of the loaded float32 transformer and the sampling copy beside every
-    shard of θ and of the frozen copies, plus one block of each; no gradient or moment exists yet) and the
+    ``whole_bytes`` ones: the larger of the loaded float32 transformer beside one block's shards and the
+    sampling copy beside every shard of θ and of the frozen copies and one block still in float32; no
+    gradient or moment exists yet) and the
     refresh of the sampling copy after an update (one block gathered in ``whole_bytes`` into it: FSDP2's
     ``unshard`` holds the shard it sends, the all-gather's output and the block's tensors it copies out; the
     training state all held).
@@ -275,8 +276,10 @@ def estimate_training_memory(sizes: ModelSizes, *, dtype: Literal["float32", "bf
             "gathered blocks": 2 * sizes.transformer * whole_bytes // max(sizes.blocks, 1),
             "cuda context": CUDA_CONTEXT_BYTES,
         }
-        startup = CUDA_CONTEXT_BYTES + max(sizes.transformer * 4, sizes.transformer * whole_bytes + shard_bytes) + (
-            block * whole_bytes + (1 + copies) * block * 4 // shards)
+        # the first block: the loaded float32 transformer and that block's shards; the last: the sampler, every
+        # shard and that block still in float32 (each tensor cast frees its float32 storage at once)
+        startup = CUDA_CONTEXT_BYTES + max(sizes.transformer * 4 + (1 + copies) * block * 4 // shards,
+                                           sizes.transformer * whole_bytes + shard_bytes + (4 - whole_bytes) * block)
         # FSDP2's unshard of one block: its bf16 shard, the all-gather's output and the block's params copied out
         refresh = sum(parts.values()) - parts["gathered blocks"] + block * whole_bytes * (2 * shards + 1) // shards
         return MemoryEstimate(
