@@ -13,8 +13,6 @@ import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-import torch
-
 
 class CoreError(ValueError):
     """A core list that this machine cannot honour; the message names the fix."""
@@ -40,6 +38,8 @@ def pin_process(core: int | None, num_threads: int = 1) -> None:
 
     Threads follow the process's mask, so one thread per pinned core: more would only contend.
     """
+    import torch  # here, not at the top: the config imports this module, and `spotlight --help` needs no torch
+
     if core is not None:
         os.sched_setaffinity(0, {core})
         num_threads = 1
@@ -53,6 +53,8 @@ def pinned(core: int | None, num_threads: int = 1) -> Iterator[None]:
     A run pins the process that calls it (the CLI's, or a test's): without the restore, a library
     call would leave the caller on one core for good, and every process it starts after would inherit that.
     """
+    import torch
+
     global _OUTER_MASK
     mask, threads, outer = os.sched_getaffinity(0), torch.get_num_threads(), _OUTER_MASK
     _OUTER_MASK = outer if outer is not None else mask

@@ -110,3 +110,15 @@ def test_an_unexpected_error_is_one_line_naming_the_log_that_keeps_its_traceback
     debug = spotlight_with_a_bug("--debug", "divide", "0")
     assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr
     assert debug.stderr.splitlines()[-1].startswith("error: unexpected ZeroDivisionError")
+
+
+def test_the_command_and_its_help_import_no_model_library() -> None:
+    """``spotlight --help`` (and loading any config) imports neither torch nor diffusers, peft or transformers:
+    they cost seconds a command that trains nothing should not pay."""
+    probe = ("import sys\nfrom typer.testing import CliRunner\nfrom spotlight.cli import app\n"
+             "assert CliRunner().invoke(app, ['--help']).exit_code == 0\n"
+             "print(sorted(m for m in ('torch', 'diffusers', 'peft', 'transformers') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                            cwd=Path(__file__).parents[1])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

@@ -7,12 +7,14 @@ spot device without importing diffusers: the config alone rebuilds the base mode
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from pydantic import Field, model_validator
 
 from spotlight.schema import Section
+
+if TYPE_CHECKING:  # torch is imported where a dtype is asked for: reading a config needs none
+    import torch
 
 Family = Literal["sd3", "flux", "qwen-image"]
 DTypeName = Literal["float32", "bfloat16", "float16"]
@@ -138,4 +140,6 @@ class DiffusersPolicyConfig(Section):
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        import torch
+
         return getattr(torch, self.dtype)
