@@ -66,6 +66,10 @@ from spotlight.trainer import Trainer
 # dense (no sparsity) bf16 tensor-core peaks from NVIDIA's data sheets, matched in order against the device name
 PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H200 NVL", 835.0), ("H200", 989.0), ("H100", 989.0),
                ("A100", 312.0))
+# what records before the recipe's prompt set were timed on (plan_vs_measured re-tokenises their prompts)
+PROMPTS = ("a red stop sign that reads STOP", "a bakery window with the word BREAD", "a book cover titled NIGHT",
+           "a street sign that says MAIN ST", "a coffee cup printed with HELLO", "a poster reading OPEN LATE",
+           "a license plate reading SPOT 32", "a neon sign that says JAZZ")
 RECIPES = {  # per model: the shipped recipe, and the prompts per iteration timed (the recipe's group kept)
     "sd35m": {"recipe": "configs/sd35m-ocr-lora.yaml", "prompts": 2, "overrides": []},
     "qwen-image": {"recipe": "configs/qwen-image-ocr-lora.yaml", "prompts": 1, "overrides": []},
@@ -111,9 +115,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--keep-folders", action="store_true", help="keep each model's folder in --work-dir")
     parser.add_argument("--out", type=Path, default=None, help="the JSON to write")
     args = parser.parse_args(argv)
-    if not args.small and not torch.cuda.is_available():
-        print(NO_CUDA)
-        raise SystemExit(2)
     if args.iterations < 3 and not args.small:
         parser.error("--iterations must be >= 3: a median and a spread need three")
     args.models = args.model or ["sd35m"]
@@ -183,9 +184,16 @@ def measure_reference(model: str, folder: Path, config: TrainConfig, prompts: li
             "prompts": prompts, "flops": flops, "transformer_calls": calls}
 
 
-def spotlight_config(model: str, folder: Path, work: Path, args: argparse.Namespace) -> TrainConfig:
+RECORDED = {"resolution": "rollout.resolution", "steps": "rollout.num_steps", "guidance": "rollout.guidance_scale",
+            "group": "rollout.group_size", "prompts": "rollout.prompts_per_iteration"}
+
+
+def spotlight_config(folder: Path, work: Path, args: argparse.Namespace, model: str | None = None) -> TrainConfig:
     """The model's shipped recipe on the benchmark's folder: its prompts, reward, steps, guidance and group;
-    prompts per iteration cut (`RECIPES`), and in the small mode tiny sizes."""
+    prompts per iteration cut (`RECIPES`), and in the small mode tiny sizes. A recorded run's setting set on
+    ``args`` (``resolution``, ``steps``, ``guidance``, ``group``, ``prompts``: plan_vs_measured re-plans a record
+    so) is applied over both."""
+    model = model or args.models[0]
     run_dir = work / f"run-{model}"
     shutil.rmtree(run_dir, ignore_errors=True)
     recipe = RECIPES[model]
@@ -207,6 +215,8 @@ def spotlight_config(model: str, folder: Path, work: Path, args: argparse.Namesp
         overrides += [f"rollout.resolution={SMALL['resolution']}", f"rollout.num_steps={SMALL['steps']}",
                       f"rollout.group_size={SMALL['group']}", f"rollout.prompts_per_iteration={SMALL['prompts']}",
                       *SMALL_OVERRIDES]
+    overrides += [f"{field}={getattr(args, key)}" for key, field in RECORDED.items()
+                  if getattr(args, key, None) is not None]
     if args.compile:
         overrides.append("model.compile=true")
     return load_config(TrainConfig, REPO / recipe["recipe"], overrides + args.overrides)
@@ -424,6 +434,9 @@ def _free(device: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if not args.small and not torch.cuda.is_available():
+        print(NO_CUDA)
+        return 2
     import transformers
 
     transformers.logging.set_verbosity_error()  # character-level prompts longer than CLIP's 77: truncated, as released
@@ -449,7 +462,7 @@ def measure(model: str, args: argparse.Namespace) -> None:
         folder, built = save_recipe_pipeline(model, work / f"{model}{'-small' if args.small else ''}",
                                              args.small, args.device, getattr(torch, args.dtype))
         setup = {"setup_s": time.perf_counter() - started, "pipeline_built": built}
-        config = spotlight_config(model, folder, work, args)
+        config = spotlight_config(folder, work, args, model)
         spot = measure_spotlight(config, args, started)
         if not args.no_reference:
             write_result(args.out, assemble(model, config, args, spot, None, setup, started, pending=True))
