@@ -48,12 +48,14 @@ def data_parallel(model: nn.Module, world_size: int) -> nn.Module:
     """``model`` under DDP in the current process group, its gradients summed over the ranks (see the module).
 
     ``init_sync`` is off: the ranks start from weights the driver sent, and a multi-billion-parameter
-    frozen base would otherwise be broadcast whole.
+    frozen base would otherwise be broadcast whole. ``broadcast_buffers`` is off: the policies' buffers are
+    constants every rank built alike (SD3's 453 MB sin-cos ``pos_embed``, RoPE tables; no running
+    statistics), and DDP would otherwise send rank 0's to every rank before every forward.
     """
     for parameter in model.parameters():
         if parameter.requires_grad:
             parameter.register_hook(lambda grad: grad * world_size)
-    return nn.parallel.DistributedDataParallel(model, init_sync=False)
+    return nn.parallel.DistributedDataParallel(model, init_sync=False, broadcast_buffers=False)
 
 
 def sharded(model: nn.Module, cpu_offload: bool = False, activation_checkpointing: bool = False,
@@ -65,12 +67,16 @@ def sharded(model: nn.Module, cpu_offload: bool = False, activation_checkpointin
     the diffusers policy's transformer) holds the rest. With
     ``activation_checkpointing`` each block recomputes its activations in the backward. ``param_dtype``:
     the dtype each unit's weights are all-gathered and computed in (bf16 halves the gathers), the
-    gradients reduced in float32 into the float32 shards.
+    gradients reduced in float32 into the float32 shards. θ's forward then computes as the whole copy in
+    ``param_dtype`` that samples does: the root's inputs are cast to it but the noise level (`_compute_inputs`),
+    and FSDP2 casts no unit's inputs (its ``cast_forward_inputs`` rounded SD3's float32 timestep, and FLUX's
+    float32 rotary tables, to bf16 in the update only).
     """
     from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     offload = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
-    precision = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
+    precision = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None,
+                                     cast_forward_inputs=False)
     # a diffusers policy's frozen text encoders and VAE are shared with other policies: only its transformer shards
     root = model.shard_root
     blocks = [block for module in root.children() if isinstance(module, nn.ModuleList) for block in module
@@ -83,11 +89,31 @@ def sharded(model: nn.Module, cpu_offload: bool = False, activation_checkpointin
     for block in blocks:
         fully_shard(block, offload_policy=offload, mp_policy=precision)
     fully_shard(root, offload_policy=offload, mp_policy=precision)
+    if param_dtype is not None:
+        root.register_forward_pre_hook(_compute_inputs(param_dtype), with_kwargs=True)
     for unit in root.modules():
         if isinstance(unit, FSDPModule):  # a plain SUM (gloo has no pre-multiplied sum), divided by 1
             unit.set_force_sum_reduction_for_comms(True)
             unit.set_gradient_divide_factor(1.0)
     return model
+
+
+# The noise level a diffusers transformer takes: sampling hands it in float32 (`transformer_velocity`: SD3's
+# 1000·sigma in bf16 would be rounded to steps of 4-8; FLUX and Qwen-Image cast it inside themselves).
+NOISE_LEVEL_INPUTS = ("timestep", "guidance")
+
+
+def _compute_inputs(dtype: torch.dtype) -> Any:
+    """A forward pre-hook casting a root's floating inputs to ``dtype``, as `transformer_velocity` casts them for a
+    whole copy in ``dtype``, but the noise level (`NOISE_LEVEL_INPUTS`), which stays float32 as in sampling."""
+    def cast(value: Any) -> Any:
+        return value.to(dtype) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+
+    def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict]:
+        return (tuple(cast(value) for value in args),
+                {name: value if name in NOISE_LEVEL_INPUTS else cast(value) for name, value in kwargs.items()})
+
+    return hook
 
 
 def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
