@@ -233,7 +233,10 @@ class RayBackend:
         outcome: the seeds it chose for the next iteration, and the prompts the staleness monitor
         re-scores in the next round. Both come from requests done with θ_i, which a resumed run no
         longer has, so they are kept rather than requested again; nothing is ever explored twice.
+        The queue's write-ahead log is compacted now too (`DurableQueue.compact`): with no round open it
+        shrinks to the counters, so it stays bounded by the work in flight however long the run.
         """
+        ray.get(self.cluster.queue.compact.remote())
         return {"explored": None if self.explored is None else explored_state(self.explored),
                 "monitor": None if self.monitor_round is None else monitor_state(self.monitor_round)}
 

@@ -92,11 +92,40 @@ class DurableQueue(RequestQueue):
 
     def results_of(self, request_ids: Sequence[str]) -> dict[str, torch.Tensor]:
         """The results of the done requests among ``request_ids``, kept until `forget` (safe to ask twice)."""
-        return {rid: entry.result for rid in request_ids if (entry := self._entry(rid)).result is not None}
+        return {rid: entry.result for rid in self._known(request_ids) if (entry := self._entry(rid)).result is not None}
 
     def forget(self, request_ids: Sequence[str]) -> int:
         """Free the results of ``request_ids`` once the driver holds them; returns how many were freed."""
         return len(self.take_results(request_ids))
+
+    def compact(self) -> tuple[int, int]:
+        """Forget the settled requests and rewrite the log as the live state alone; (bytes before, after).
+
+        Called at each checkpoint, when no round is open: the log then holds what is in flight (pending and
+        leased requests with their committed latents, results not yet handed over) and the counters, so it is
+        bounded by the work in flight, not by the run's length. The new log is written beside the old, synced,
+        and renamed over it: a kill at any point leaves one complete log, the old or the new.
+        """
+        before = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self._flush()
+        self.forget_settled()
+        temporary = self.log_path.with_name(self.log_path.name + ".compacting")
+        snapshot = QueueLog(temporary, 0)
+        for entry in sorted(self._entries.values(), key=lambda entry: entry.order):
+            snapshot.append({"submit": encode_request(entry.request), "order": entry.order})
+            snapshot.append(self._state_record(entry, latent=True, result=True))
+        snapshot.append(self._counts_record())
+        snapshot.sync()
+        snapshot.close()
+        self._log.close()
+        os.replace(temporary, self.log_path)
+        directory = os.open(self.log_path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)  # the rename itself is durable
+        finally:
+            os.close(directory)
+        self._log = QueueLog(self.log_path, self.log_path.stat().st_size)
+        return before, self.log_path.stat().st_size
 
     def stats(self) -> QueueStats:
         return dataclasses.replace(super().stats(), restarts=self.restarts)
@@ -116,18 +145,27 @@ class DurableQueue(RequestQueue):
         for entry, changes in self._dirty.values():
             if "submit" in changes:
                 self._log.append({"submit": encode_request(entry.request), "order": entry.order})
-            record: dict[str, Any] = {"id": entry.request.request_id, "status": entry.status, "step": entry.step,
-                                      "worker": entry.worker_id, "holders": sorted(entry.holders)}
-            if "commit" in changes and entry.latent is not None:
-                record["latent"] = encode_tensor(entry.latent)
-            if "complete" in changes and entry.result is not None:
-                record["result"] = encode_tensor(entry.result)
+            record = self._state_record(entry, latent="commit" in changes, result="complete" in changes)
             if "take" in changes:
                 record["taken"] = True
             self._log.append(record)
-        self._log.append({"counts": self._counts, "restarts": self.restarts})
+        self._log.append(self._counts_record())
         self._dirty.clear()
         self._log.sync()
+
+    def _state_record(self, entry: _Entry, latent: bool, result: bool) -> dict[str, Any]:
+        """A request's state as a log record, with its committed latent and its result when asked and present."""
+        record: dict[str, Any] = {"id": entry.request.request_id, "status": entry.status, "step": entry.step,
+                                  "worker": entry.worker_id, "holders": sorted(entry.holders)}
+        if latent and entry.latent is not None:
+            record["latent"] = encode_tensor(entry.latent)
+        if result and entry.result is not None:
+            record["result"] = encode_tensor(entry.result)
+        return record
+
+    def _counts_record(self) -> dict[str, Any]:
+        return {"counts": self._counts, "restarts": self.restarts, "forgotten": self._forgotten,
+                "forgotten_below": self._forgotten_below, "next_order": self._next_order}
 
     def _replay(self, records: list[dict[str, Any]]) -> int:
         """Rebuild the queue from ``records``; returns the restart count (0: a new log)."""
@@ -139,6 +177,9 @@ class DurableQueue(RequestQueue):
             elif "counts" in record:
                 self._counts.update(record["counts"])
                 restarts = int(record["restarts"])
+                self._forgotten = int(record.get("forgotten", 0))
+                self._forgotten_below = record.get("forgotten_below")
+                self._next_order = int(record.get("next_order", len(self._entries)))
             else:
                 entry = self._entries.get(record["id"])
                 if entry is None:
@@ -154,6 +195,7 @@ class DurableQueue(RequestQueue):
                     entry.result = None
                 if entry.status == "done":
                     entry.latent = None
+        self._next_order = max(self._next_order, max((e.order for e in self._entries.values()), default=-1) + 1)
         expires_at = self._clock() + self.lease_timeout_s  # a live worker's leases last until it next heartbeats
         for rid, entry in self._entries.items():
             if entry.status == "leased":

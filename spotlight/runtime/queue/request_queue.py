@@ -101,6 +101,8 @@ class QueueStats:
     worker's round trip adds the RPC on top. ``restarts``: times a durable queue rebuilt itself from its log.
     ``reclaimed``: leases a worker held without knowing it (granted by a pull whose answer was lost to a
     queue restart and retried), sent back to the queue when the worker's next call declared what it holds.
+    ``forgotten_calls``: late commits and completions of requests `RequestQueue.forget_settled` had dropped
+    (settled long before: ignored, never stored).
     """
 
     submitted: int
@@ -122,6 +124,7 @@ class QueueStats:
     max_pull_s: float
     restarts: int = 0
     reclaimed: int = 0
+    forgotten_calls: int = 0
 
 
 @dataclass
@@ -161,9 +164,13 @@ class RequestQueue:
         self._pending: deque[str] = deque()  # may hold ids completed while pending; pull skips them
         self._leases: dict[str, set[str]] = {}  # worker_id -> request ids it holds
         self._pull_seconds: list[float] = []
+        self._next_order = 0  # submission order; not len(_entries), which `forget_settled` shrinks
+        # every request forgotten by `forget_settled` was made for a weights version below this
+        self._forgotten_below: int | None = None
+        self._forgotten = 0
         self._counts = dict.fromkeys(
             ("leases_granted", "resumed", "commits", "checkpoints", "stale_commits", "duplicate_completions",
-             "late_completions", "expirations", "cancelled", "wrong_weights", "reclaimed"),
+             "late_completions", "expirations", "cancelled", "wrong_weights", "reclaimed", "forgotten_calls"),
             0,
         )
 
@@ -178,7 +185,8 @@ class RequestQueue:
                                  "give every request a unique id")
         new = [request for request in requests if request.request_id not in self._entries]
         for request in new:
-            self._entries[request.request_id] = entry = _Entry(request, order=len(self._entries))
+            self._entries[request.request_id] = entry = _Entry(request, order=self._next_order)
+            self._next_order += 1
             self._pending.append(request.request_id)
             self._note(entry, "submit")
         return len(new)
@@ -201,7 +209,7 @@ class RequestQueue:
         is still recognised and ignored rather than mistaken for an unknown request.
         """
         taken = {}
-        for request_id in request_ids:
+        for request_id in self._known(request_ids):
             entry = self._entry(request_id)
             if entry.result is not None:
                 taken[request_id], entry.result = entry.result, None
@@ -217,7 +225,7 @@ class RequestQueue:
         it is ever stored and exactly-once holds for every request that was not cancelled.
         """
         cancelled = 0
-        for request_id in request_ids:
+        for request_id in self._known(request_ids):
             entry = self._entry(request_id)
             if entry.status == "done":
                 continue
@@ -228,6 +236,37 @@ class RequestQueue:
             cancelled += 1
         self._counts["cancelled"] += cancelled
         return cancelled
+
+    def forget_settled(self) -> int:
+        """Drop every request that is settled: done (completed or cancelled) with its result handed over.
+
+        What keeps a long run's queue, and its log, bounded by the work in flight rather than by every
+        request ever made. Exactly-once still holds for them: a request is leased only to a worker holding
+        its weights version, so a late commit or completion of a forgotten request comes with a version
+        below `_forgotten_below` and is ignored (counted in ``forgotten_calls``), never stored. Returns how
+        many were forgotten.
+        """
+        settled = [rid for rid, entry in self._entries.items() if entry.status == "done" and entry.result is None]
+        if not settled:
+            return 0
+        newest = max(self._entries[rid].request.weights_version for rid in settled)
+        self._forgotten_below = max(newest + 1, self._forgotten_below or newest + 1)
+        for rid in settled:
+            del self._entries[rid]
+        self._forgotten += len(settled)
+        return len(settled)
+
+    def _known(self, request_ids: Sequence[str]) -> list[str]:
+        """``request_ids`` less those `forget_settled` may have dropped (settled already: nothing to take or
+        cancel); before anything was forgotten every id must be known, and an unknown one is refused."""
+        return [rid for rid in request_ids if rid in self._entries or not self._forgotten]
+
+    def _forgotten_call(self, request_id: str, weights_version: int) -> bool:
+        """Whether a call names a request `forget_settled` dropped (it is counted and ignored)."""
+        if request_id in self._entries or self._forgotten_below is None or weights_version >= self._forgotten_below:
+            return False
+        self._counts["forgotten_calls"] += 1
+        return True
 
     def leases_by_worker(self) -> dict[str, int]:
         """How many leases each worker holds now (workers with none are left out)."""
@@ -299,6 +338,8 @@ class RequestQueue:
         changes nothing, when ``worker_id`` no longer holds the lease (a stale commit); returns False
         and sends the request back to the queue when the latent was made with other weights than the request's.
         """
+        if self._forgotten_call(request_id, weights_version):
+            return False
         entry = self._entry(request_id)
         if entry.status != "leased" or entry.worker_id != worker_id:
             self._counts["stale_commits"] += 1
@@ -331,6 +372,8 @@ class RequestQueue:
         function of the request, so it is the same result, and the work is not wasted); a later
         completion returns False and is counted, never stored.
         """
+        if self._forgotten_call(request_id, weights_version):
+            return False
         entry = self._entry(request_id)
         if worker_id not in entry.holders:
             raise QueueError(
@@ -396,8 +439,9 @@ class RequestQueue:
         statuses = [entry.status for entry in self._entries.values()]
         pulls = self._pull_seconds
         return QueueStats(
-            submitted=len(statuses), pending=statuses.count("pending"), leased=statuses.count("leased"),
-            done=statuses.count("done"), pulls=len(pulls), mean_pull_s=sum(pulls) / len(pulls) if pulls else 0.0,
+            submitted=len(statuses) + self._forgotten, pending=statuses.count("pending"),
+            leased=statuses.count("leased"), done=statuses.count("done") + self._forgotten, pulls=len(pulls),
+            mean_pull_s=sum(pulls) / len(pulls) if pulls else 0.0,
             max_pull_s=max(pulls, default=0.0), **self._counts,
         )
 
