@@ -56,7 +56,7 @@ def merged_lora(policy: DiffusersPolicy) -> Iterator[None]:
                 weight = layer.get_base_layer().weight
                 down, up = layer.lora_A[ADAPTER_NAME].weight, layer.lora_B[ADAPTER_NAME].weight
                 delta = (up.float() @ down.float()) * layer.scaling[ADAPTER_NAME]
-                merged = (weight.float() + delta.to(weight.device)).to(weight.dtype)
+                merged = (weight.float() + delta).to(weight.dtype)  # A and B live on the weight's device
                 swapped.append((weight, weight.data))
                 weight.data = merged
         with policy.adapter_disabled():
