@@ -32,6 +32,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from spotlight.cores import spawning_on
 from spotlight.market.billing import DeviceLedger
+from spotlight.runtime.out_of_memory import actor_out_of_memory
 from spotlight.runtime.spot.device import DeviceCall, SpotDevice
 from spotlight.runtime.spot.events import EventLog
 from spotlight.runtime.spot.ray_auth import TOKEN_FIX, LocalTokenAuth, unauthenticated_cluster
@@ -345,6 +346,9 @@ class SpotPool:
                 results += self._lose(slot, error)
                 continue
             except RayTaskError as error:
+                out_of_memory = actor_out_of_memory(error, f"spot device {slot.device_id} in {slot.phase}")
+                if out_of_memory is not None:  # the run's one line that names the knobs (`spotlight.trainer.train`)
+                    raise out_of_memory from None
                 raise PoolError(f"spot device {slot.device_id} failed in {slot.phase}: {error}") from error
             if slot.state == "starting":
                 slot.state = "idle"
