@@ -25,7 +25,12 @@ not, as clouds bill GPU machines per second. Within that, it is *busy* in interv
 a phase (rollout, train, explore, broadcast, eval). From the two the meter answers, for any window
 of the run's clock: held and busy seconds per pool (utilisation = busy / held), the dollars so far
 per pool, and the share of busy time that was model compute (the rest is the runtime's overhead:
-RPCs, leases, tokenising, weight loading).
+RPCs, leases, tokenising, weight loading). A device may also mark when its process came up
+(`started`): until then it is held and *starting*, neither busy nor waiting for work.
+
+`activity_s` breaks a pool's held time down by what its devices did: each busy phase (a weight load,
+``broadcast``, is the activity ``weights``), ``starting``, and ``idle`` (held, up, given nothing), the
+parts adding up to the held time exactly, so a utilisation below 1 says where the rest went.
 
 Times are seconds on the run's clock (0 = the start of the run). Prices are per GPU-hour, one
 device = one GPU; the defaults come from the package's price table (`spotlight.market.prices`).
@@ -34,17 +39,21 @@ device = one GPU; the defaults come from the package's price table (`spotlight.m
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from spotlight.market.pools import POOLS, Pool
 from spotlight.market.prices import DevicePrices
 
-__all__ = ["BUSY_PHASES", "PHASES", "CostMeter", "DeviceLedger", "Phase", "Usage"]
+__all__ = ["ACTIVITY_OF_PHASE", "BUSY_PHASES", "PHASES", "CostMeter", "DeviceLedger", "Phase", "Usage"]
 
 Phase = Literal["rollout", "train", "explore", "broadcast", "reconfiguring", "lost", "idle"]
 PHASES: tuple[Phase, ...] = get_args(Phase)
 BUSY_PHASES: tuple[Phase, ...] = ("rollout", "train", "explore")
+
+# A runtime busy phase's name as an activity of held time (DeviceLedger.activity_s); others keep their name.
+ACTIVITY_OF_PHASE = {"broadcast": "weights"}
 
 # Booked amounts may come out a hair negative from float round-off of "rented − busy"; anything
 # beyond this (device-seconds) is a bookkeeping error, not round-off.
@@ -156,10 +165,22 @@ class _Device:
     held: list[list[float]] = field(default_factory=list)  # [start, end]; end = inf while held
     busy: list[tuple[float, float, str]] = field(default_factory=list)
     compute_s: float = 0.0
+    starting: list[tuple[float, float]] = field(default_factory=list)  # held, process not up yet
 
 
 def _overlap(start: float, end: float, t0: float, t1: float) -> float:
     return max(0.0, min(end, t1) - max(start, t0))
+
+
+def _union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Sorted, disjoint intervals covering the same time as ``intervals``."""
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
 
 
 class DeviceLedger:
@@ -193,6 +214,12 @@ class DeviceLedger:
             raise ValueError(f"busy interval of {device} ends before it starts ({start:.3f} > {end:.3f})")
         entry.busy.append((start, end, phase))
         entry.compute_s += compute_s
+
+    def started(self, device: str, at: float) -> None:
+        """``device``'s process is up at ``at``: from its hold until then it was starting (billed, unable to work)."""
+        entry = self._devices.get(device)
+        if entry is not None and entry.held and math.isinf(entry.held[-1][1]) and at > entry.held[-1][0]:
+            entry.starting.append((entry.held[-1][0], at))
 
     def is_held(self, device: str) -> bool:
         entry = self._devices.get(device)
@@ -230,10 +257,40 @@ class DeviceLedger:
         return sum(_overlap(start, end, t0, t1) for entry in self._pool(pool) for start, end, label in entry.busy
                    if phase is None or label == phase)
 
+    def activity_s(self, pool: Pool, t0: float, t1: float) -> dict[str, float]:
+        """Held device-seconds of ``pool`` in [t0, t1) by activity: busy phases (`ACTIVITY_OF_PHASE` renames),
+        ``starting`` and ``idle``; the values sum to `held_s` (each interval is cut to the held time it falls in).
+
+        Busy intervals are timed on the device and may stick out of its held interval by a clock's
+        rounding (or a call answered after its node was released); only the part inside counts, and idle
+        is what is left, so the breakdown always adds up to what was billed.
+        """
+        seconds: dict[str, float] = {"starting": 0.0, "idle": 0.0}
+        for entry in self._pool(pool):
+            labelled = sorted([*((s, e, ACTIVITY_OF_PHASE.get(p, p)) for s, e, p in entry.busy),
+                               *((s, e, "starting") for s, e in entry.starting)])
+            for held_start, held_end in entry.held:
+                start, end = max(held_start, t0), min(held_end, t1)
+                if end <= start:
+                    continue
+                cursor = start  # each instant counts once, for the first interval that covers it
+                for part_start, part_end, activity in labelled:
+                    part = min(part_end, end) - max(part_start, cursor)
+                    if part > 0:
+                        seconds[activity] = seconds.get(activity, 0.0) + part
+                        cursor = min(part_end, end)
+                seconds["idle"] += (end - start) - sum(
+                    max(0.0, min(e, end) - max(s, start)) for s, e in _union((s, e) for s, e, _ in labelled))
+        return seconds
+
     def utilisation(self, pool: Pool, t0: float, t1: float) -> float:
-        """Busy / held device-seconds of ``pool`` in [t0, t1); NaN when nothing was held."""
-        held = self.held_s(pool, t0, t1)
-        return self.busy_s(pool, t0, t1) / held if held > 0 else math.nan
+        """Busy / held device-seconds of ``pool`` in [t0, t1); NaN when nothing was held.
+
+        Busy is the held time neither idle nor starting (`activity_s`): the busy activities of its breakdown.
+        """
+        seconds = self.activity_s(pool, t0, t1)
+        held = sum(seconds.values())
+        return (held - seconds["idle"] - seconds["starting"]) / held if held > 0 else math.nan
 
     def dollars(self, pool: Pool, until: float) -> float:
         """What ``pool`` cost from the start of the run to ``until``."""

@@ -352,6 +352,7 @@ class SpotPool:
                 raise PoolError(f"spot device {slot.device_id} failed in {slot.phase}: {error}") from error
             if slot.state == "starting":
                 slot.state = "idle"
+                self.ledger.started(slot.device_id, self.clock())  # held since node_added: it was starting
                 if self._weights is not None:
                     self._load(slot)
             elif slot.state == "loading":

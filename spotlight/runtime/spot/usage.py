@@ -15,7 +15,15 @@ import numpy as np
 from spotlight.market.billing import DeviceLedger
 from spotlight.runtime.spot.events import EventLog
 
-__all__ = ["IterationMarks", "iteration_usage", "run_totals"]
+__all__ = ["SPOT_ACTIVITIES", "IDLE_WHILE", "IterationMarks", "iteration_usage", "run_totals", "spot_breakdown"]
+
+# What a held spot device does with its time (`DeviceLedger.activity_s`): sample its share of a rollout,
+# explore, sample its share of validation, load weights (waiting for them), start up, or wait for work.
+SPOT_ACTIVITIES = ("rollout", "explore", "eval", "weights", "starting", "idle")
+# An iteration's waiting for work, split by what the trainer did meanwhile: validation and checkpoints since
+# the last iteration, handing out weights and choosing seeds, the rollout (its sampling and scoring), the
+# update, and closing the exploration round after it (waiting for it, scoring its candidates).
+IDLE_WHILE = ("validation", "seeds", "rollout", "train", "close")
 
 
 @dataclass
@@ -30,6 +38,18 @@ class IterationMarks:
     ended: float = 0.0
 
 
+def spot_breakdown(ledger: DeviceLedger, t0: float, t1: float) -> dict[str, float]:
+    """``util/spot_<activity>``: each activity's share of the spot pool's held time in [t0, t1) (they sum to 1;
+    NaN when nothing was held), with the held device-seconds they divide (``util/spot_held_window_s``)."""
+    seconds = ledger.activity_s("spot", t0, t1)
+    held = sum(seconds.values())
+    out = {f"util/spot_{activity}": seconds.get(activity, 0.0) / held if held > 0 else math.nan
+           for activity in SPOT_ACTIVITIES}
+    out.update({f"util/spot_{activity}": value / held for activity, value in seconds.items()
+                if activity not in SPOT_ACTIVITIES and held > 0})  # a phase named since (never dropped)
+    return out
+
+
 def iteration_usage(ledger: DeviceLedger, events: EventLog, marks: IterationMarks,
                     explorers: int) -> dict[str, float]:
     """Times, utilisation per pool and phase, compute share and cumulative dollars of one iteration.
@@ -39,15 +59,27 @@ def iteration_usage(ledger: DeviceLedger, events: EventLog, marks: IterationMark
     validations and checkpoints included), as summary.json's ``util/spot`` and ``util/spot_held_fraction``
     measure the whole run: the progress line shows them, and the last iteration's agree with the summary
     up to what happens after it (the final validation). A busy interval counts once it has ended.
+
+    The breakdown ``util/spot_<activity>`` (`SPOT_ACTIVITIES`) covers the iteration's whole window, from the
+    end of the previous iteration (so the validation and checkpoint before it are in) to its end; its busy
+    activities add up to ``util/spot``, which measures the same window. ``util/spot_idle_<phase>``
+    (`IDLE_WHILE`) splits the waiting for work by what the trainer did meanwhile.
     """
-    return {
+    window = (marks.previous_end, marks.ended)
+    phases = dict(zip(IDLE_WHILE, zip((marks.previous_end, marks.started, marks.rollout_started, marks.rollout_ended,
+                                       marks.train_ended), (marks.started, marks.rollout_started, marks.rollout_ended,
+                                                            marks.train_ended, marks.ended), strict=True), strict=True))
+    held = ledger.held_s("spot", *window)
+    idle_while = {f"util/spot_idle_{phase}": (ledger.activity_s("spot", start, end)["idle"] / held if held > 0
+                                              else math.nan) for phase, (start, end) in phases.items()}
+    return {**spot_breakdown(ledger, *window), **idle_while,
         "time/rollout_s": marks.rollout_ended - marks.rollout_started,
         "time/explore_wait_s": marks.ended - marks.train_ended,
         "time/seeds_s": marks.rollout_started - marks.started,
         "time/iteration_s": marks.ended - marks.previous_end,
         "util/spot_train_phase": ledger.utilisation("spot", marks.rollout_ended, marks.train_ended),
         "util/spot_rollout_phase": ledger.utilisation("spot", marks.rollout_started, marks.rollout_ended),
-        "util/spot": ledger.utilisation("spot", marks.started, marks.ended),
+        "util/spot": ledger.utilisation("spot", *window),
         "util/spot_to_date": ledger.utilisation("spot", 0.0, marks.ended),
         "util/spot_held_fraction_to_date": ledger.held_fraction("spot", 0.0, marks.ended),
         "util/on_demand": ledger.utilisation("on_demand", marks.started, marks.ended),
@@ -78,6 +110,8 @@ def run_totals(ledger: DeviceLedger, events: EventLog, mode: str, end: float) ->
         "util/spot_held_fraction": ledger.held_fraction("spot", 0.0, end),
         "util/spot_held_s": ledger.held_s("spot", 0.0, end), "util/spot_busy_s": ledger.busy_s("spot", 0.0, end),
         "util/compute_share": ledger.compute_share(), "util/compute_share_spot": ledger.compute_share("spot"),
+        **spot_breakdown(ledger, 0.0, end),
+        **{f"util/spot_{activity}_s": value for activity, value in ledger.activity_s("spot", 0.0, end).items()},
         "preemption_notices": events.count("preemption_notice"),
         "nodes_removed": events.count("node_removed"), "nodes_added": events.count("node_added"),
         "queue/pull_round_trip_ms": 1e3 * float(np.mean([t["mean_s"] for t in trips])) if trips else math.nan,
