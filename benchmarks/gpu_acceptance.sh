@@ -61,7 +61,6 @@ if ! "$PYTHON" -c "import diffusers, pydantic, ray, rapidocr_onnxruntime" 2>/dev
     fi
 fi
 export PYTHONPATH="$PWD:${PYTHONPATH:-}"
-export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
 "$PYTHON" -c "import diffusers, pydantic, ray, torch; print('torch', torch.__version__, 'diffusers', diffusers.__version__,
 'ray', ray.__version__, torch.cuda.get_device_name(0))" 2>&1 | tee "$OUT/logs/setup.log"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/logs/setup.log" 2>&1 || true

@@ -63,7 +63,6 @@ if ! "$PYTHON" -c "import ray, diffusers, pydantic" 2>/dev/null; then
         exit 2
     fi
 fi
-export RAY_AUTH_MODE=disabled
 echo "set-up: $(( $(date +%s) - started )) s; $("$PYTHON" -V 2>&1); $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
 
 results="${OUT:-$REPO}/benchmarks/results"

@@ -13,8 +13,8 @@ environment, and every worker (spot devices, trainer ranks, the queue actor, gen
 raylet's. The token is made for the run (``secrets.token_hex``) and kept in a file only the user can
 read; only the file's path travels (``RAY_AUTH_TOKEN_PATH``), so the token is in no environment,
 command line or log. The user's own ``RAY_AUTH_MODE``, ``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH``
-win, as Ray documents: a token of theirs is used instead of the run's, and ``RAY_AUTH_MODE=disabled``
-is obeyed with one warning line.
+win, as Ray documents: a token of theirs is used instead of the run's, and their choice of Ray's
+``disabled`` mode is obeyed, with one warning line.
 
 `unauthenticated_cluster` asks an attached cluster's GCS, without a token, for its cluster id: it
 answers only when the cluster lets anyone in, which `attach_cluster` reports in one warning line.
@@ -56,8 +56,8 @@ class LocalTokenAuth:
         mode = self._saved["RAY_AUTH_MODE"]
         if mode is not None and mode.lower() != "token":  # the user's choice, Ray's to read
             if mode.lower() == "disabled":
-                logger.warning("RAY_AUTH_MODE=disabled: this run's Ray cluster accepts any process on this machine; "
-                               "unset it to run with a token")
+                logger.warning("%s=%s: this run's Ray cluster accepts any process on this machine; unset it to run "
+                               "with a token", AUTH_ENV[0], mode)
             return
         os.environ["RAY_AUTH_MODE"] = mode or "token"
         if self._saved["RAY_AUTH_TOKEN"] is None and self._saved["RAY_AUTH_TOKEN_PATH"] is None:
