@@ -17,9 +17,6 @@ def check_backend(config: TrainConfig, resume: bool) -> None:
     if config.mode.single_process_only:
         raise RunError(f"mode {config.mode} runs in one process only: set runtime.use_ray=false, or use mode "
                        "spotlight (stale exploration hidden behind training on spot devices)")
-    if resume and config.mode.streams_groups:
-        raise RunError(f"--resume is not supported for mode {config.mode} yet: start a new run_dir (the Ray "
-                       "modes spot-rollout, sync-explore and spotlight resume)")
 
 
 def open_backend(view: TrainerView) -> Backend:

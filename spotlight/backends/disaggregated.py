@@ -37,6 +37,7 @@ import torch
 
 from spotlight.backends.disaggregated_stream import GroupStream
 from spotlight.backends.protocol import TrainerView
+from spotlight.components.manifest import write_text_durably
 from spotlight.diffusion.sampler import Trajectory
 from spotlight.disagg.assisted import trainer_assisted_fragment
 from spotlight.disagg.bubble import BubblePolicy, BubbleTimings, QueueState
@@ -95,11 +96,13 @@ class DisaggregatedBackend:
             self._release()
             raise
         self.iteration_started = time.time()
+        self.step = -1  # the step in progress (or last done)
 
     # -- the Backend protocol ---------------------------------------------------------------------
     def start_iteration(self, iteration: int) -> None:
         """θ_s to the object store once, published to the queue: generators load it between tasks."""
         self.iteration_started = time.time()
+        self.step = iteration
         self.usage = {"trainer_busy_s": 0.0, "tag_units": 0.0, "wait_s": 0.0}
         ref = ray.put(model_weights(self.view.model))
         ray.get(self.queue.publish.remote(iteration, [ref]))
@@ -154,11 +157,40 @@ class DisaggregatedBackend:
                 "disagg/explore_s": usage.get("explore_s", 0.0)}
 
     def state_dict(self) -> dict[str, Any]:
-        """Nothing: a disaggregated run cannot resume yet (`check_backend` refuses it)."""
-        return {}
+        """What a resumed run needs of this backend, as JSON, for the trainer's checkpoint after step s.
+
+        ``steps_done``: s + 1, so a resumed run cuts disagg_samples.jsonl back to the steps its checkpoint
+        holds (the steps it redoes are logged once). ``explored``: the candidate rewards of step s+1's prompts
+        that generators ranked with θ_s in their idle time (``disagg.explore``); a resumed run no longer has
+        θ_s, so they are kept, not explored again. Units of step s+1 already drawn with θ_s
+        (``disagg.async_one_step``) are not kept: the resumed run draws them again with θ_{s+1}, within the
+        same staleness bound.
+        """
+        explored = {str(step): {str(p): rewards.tolist() for p, rewards in prompts.items()}
+                    for step, prompts in self.explored.items()}
+        return {"steps_done": self.step + 1, "explored": explored}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Never called: `check_backend` refuses --resume for this mode."""
+        """Take back what `state_dict` wrote (a resumed run) and cut the sample log back to the checkpoint."""
+        self.explored = {int(step): {int(p): torch.tensor(rewards) for p, rewards in prompts.items()}
+                         for step, prompts in (state.get("explored") or {}).items()}
+        steps_done = state.get("steps_done")
+        if steps_done is not None:
+            self._truncate_log(int(steps_done))
+
+    def _truncate_log(self, steps_done: int) -> None:
+        """Keep disagg_samples.jsonl's records of the steps before ``steps_done`` (a torn last line goes too)."""
+        path = self.view.run_dir / "disagg_samples.jsonl"
+        self.log.close()
+        kept = []
+        for line in path.read_text().splitlines():
+            try:
+                if json.loads(line)["step"] < steps_done:
+                    kept.append(line + "\n")
+            except (json.JSONDecodeError, KeyError):  # the line a kill tore
+                continue
+        write_text_durably(path, "".join(kept))
+        self.log = path.open("a")
 
     def close(self) -> None:
         """Stop the generators (they finish their task), then the cluster; safe to call twice."""

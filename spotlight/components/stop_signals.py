@@ -257,8 +257,5 @@ def stoppable(config: Any, start: Callable[[], T], run: Callable[[T], R]) -> R:
 
 
 def _how_to_go_on(config: Any) -> str:
-    """The ``--resume`` command, or why there is none (a streaming mode on Ray: `backends.check_backend`)."""
-    if config.uses_ray and config.mode.streams_groups:
-        return (f"mode {config.mode} cannot --resume yet: the checkpoint holds the weights (a model to load or "
-                "export); start a new run_dir to go on")
+    """The ``--resume`` command (every mode resumes)."""
     return f"continue with: {resume_command()}"
