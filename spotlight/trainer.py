@@ -294,8 +294,11 @@ class Trainer:
 
     def _evaluate(self, model: LoopModel) -> Any:
         section = self.config.eval
+        # sampled where the backend says (Ray: shared with the spot devices), the same bits as here;
+        # the disaggregated backend's generators keep to training, so it validates on the trainer
+        sampler = getattr(self.backend, "validation_samples", None)
         return evaluate(model, self.val_prompts, self.reward, section.seeds_per_prompt, section.num_steps,
-                        self.config.rollout.shift, self.dataset.kind_of, rollout_plan(self.config))
+                        self.config.rollout.shift, self.dataset.kind_of, rollout_plan(self.config), sampler)
 
     def run(self, on_iteration: Callable[[int, dict[str, Any]], None] | None = None,
             max_wall_s: float | None = None) -> RunSummary:

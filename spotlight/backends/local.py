@@ -14,12 +14,14 @@ from typing import Any
 import torch
 
 from spotlight.backends.protocol import TrainerView
-from spotlight.diffusion.sampler import Trajectory
+from spotlight.diffusion.sampler import SamplingPlan, Trajectory
 from spotlight.explore.planner import ExplorePlan
+from spotlight.loop.evaluation import sample_validation
 from spotlight.loop.rollout import group_requests, rollout_plan
 from spotlight.loop.seed_choice import Exploration, explore
 from spotlight.loop.streams import Stream, candidate_seeds, iteration_generator
 from spotlight.models.generation import generate
+from spotlight.models.loop_model import LoopModel
 from spotlight.rewards.overlap import sample_and_prefetch
 
 __all__ = ["LocalBackend"]
@@ -76,6 +78,11 @@ class LocalBackend:
 
     def training_ended(self, iteration: int) -> dict[str, float]:
         return {"time/rollout_s": self._rollout_s}
+
+    def validation_samples(self, model: LoopModel, prompts: list[str], seeds: list[int],
+                           plan: SamplingPlan) -> torch.Tensor:
+        """Validation's samples, all drawn here."""
+        return sample_validation(model, prompts, seeds, plan)
 
     def close(self) -> None:
         """Nothing held."""

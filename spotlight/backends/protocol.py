@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import torch
 
 from spotlight.config import TrainConfig
-from spotlight.diffusion.sampler import Trajectory
+from spotlight.diffusion.sampler import SamplingPlan, Trajectory
 from spotlight.explore.planner import ExplorationPlanner
 from spotlight.explore.staleness import StalenessMonitor
 from spotlight.loop.seed_choice import Exploration
@@ -70,6 +70,12 @@ class Backend(Protocol):
 
     def training_ended(self, iteration: int) -> dict[str, float]:
         """θ_{i+1} is trained: wait for what ran beside it; this backend's metrics of the iteration."""
+        ...
+
+    def validation_samples(self, model: LoopModel, prompts: list[str], seeds: list[int],
+                           plan: SamplingPlan) -> torch.Tensor:
+        """Validation's final latents of ``model`` for each (prompt, seed), in chunks of fixed size
+        (`spotlight.loop.evaluation.sample_validation`): here, or shared with spot devices, the same bits."""
         ...
 
     def close(self) -> None:

@@ -9,6 +9,8 @@
     training   spotlight: AT THE SAME TIME, a round explores P_{i+1} with θ_i through the queue, under
                the planner's budget (the last training time), plus a re-score of a few of P_i's
                candidates with θ_i for the staleness monitor (Kendall τ of stale vs fresh rankings)
+    validate   the evaluated weights go to every spot device, and validation's chunks are shared between
+               the trainer and them (`spotlight.backends.ray_validation`); the next start hands out θ_{i+1}
 
 The pools, the queue, the trace and the bill are `spotlight.runtime.spot.cluster.SpotCluster`'s; this
 module decides what they run: which requests a round holds, and how its results become seeds.
@@ -27,13 +29,16 @@ import ray
 import torch
 
 from spotlight.backends.protocol import TrainerView
-from spotlight.diffusion.sampler import Trajectory
+from spotlight.backends.ray_validation import ValidationShare
+from spotlight.diffusion.sampler import SamplingPlan, Trajectory
 from spotlight.explore.candidates import exploration_sampling, score_latents
 from spotlight.explore.planner import Decision, ExplorePlan, round_budget
+from spotlight.loop.evaluation import validation_chunks
 from spotlight.loop.rollout import group_requests, rollout_plan
 from spotlight.loop.seed_choice import Exploration, select_explored
 from spotlight.loop.streams import Stream, candidate_seeds, iteration_generator, iteration_prompts
 from spotlight.models.generation import generate, images_of
+from spotlight.models.loop_model import LoopModel
 from spotlight.modes import Mode
 from spotlight.run_error import RunError
 from spotlight.runtime.queue.remote import RemoteQueue
@@ -121,6 +126,7 @@ class RayBackend:
         self.monitor_round: PendingMonitor | None = None  # rides along in the next round (spotlight)
         self.round_monitor: PendingMonitor | None = None  # the one riding in the open round
         self.round_metrics: dict[str, float] = {}  # the planner's, when no round opened beside training
+        self.validations = 0  # each validation's weights go out under a version of their own (< 0)
         if config.runtime.complete_rounds and view.planner is not None and len(view.planner.arms) != 1:
             raise RunError(f"runtime.complete_rounds needs one planner arm (got {len(view.planner.arms)}): set "
                            "explore.planner's num_candidates and num_steps to one value each")
@@ -223,6 +229,49 @@ class RayBackend:
             explorers = cluster.explorers()
         return {**self.round_metrics, **iteration_usage(cluster.ledger, cluster.events, marks, explorers)}
 
+    def validation_samples(self, model: LoopModel, prompts: list[str], seeds: list[int],
+                           plan: SamplingPlan) -> torch.Tensor:
+        """Validation's final latents, its chunks shared between the trainer and the spot devices.
+
+        The evaluated weights go to every spot device under a version of their own, negative so it is
+        never an iteration's (the next `start_iteration` hands out θ_{i+1} again). The trainer samples
+        chunks from the front while the controller thread feeds the devices chunks from the back
+        (`ValidationShare`); a chunk a device lost comes back to the trainer. Each chunk is a pure
+        function of (weights, its rows, plan), so the latents are the same bits however they were shared.
+        """
+        cluster = self.cluster
+        self.validations += 1
+        version = -self.validations
+        chunks = [(prompts[rows], seeds[rows]) for rows in validation_chunks(len(prompts))]
+        with cluster.lock:
+            helpers = self.mode.rents_spot and bool(cluster.pool.devices())
+        if not helpers or len(chunks) < 2:
+            return torch.cat([self._sample_validation_here(model, chunk, plan) for chunk in chunks])
+        weights_ref = ray.put(model_weights(model))
+        with cluster.lock:
+            cluster.pool.set_weights(version, weights_ref)
+            share = ValidationShare(cluster.pool, cluster.finished, version, plan, chunks)
+            cluster.feed = share.feed
+        try:
+            while True:
+                with cluster.lock:
+                    index = share.take()
+                if index is None:  # the devices hold the rest: wait for them, or for a chunk a lost one gave back
+                    cluster.wait(share.settled)
+                    with cluster.lock:
+                        if len(share.results) == len(chunks):
+                            break
+                    continue
+                latents = self._sample_validation_here(model, chunks[index], plan)
+                with cluster.lock:
+                    share.results[index] = latents
+        finally:
+            with cluster.lock:
+                cluster.feed = None
+        cluster.events.write(cluster.now(), "validation_shared", chunks=len(chunks), on_spot=share.on_devices,
+                             returned=share.returned)
+        return share.latents()
+
     def close(self) -> None:
         self.cluster.close()
 
@@ -253,6 +302,11 @@ class RayBackend:
         ended = self.cluster.now()
         self.cluster.ledger.busy(ON_DEMAND, started, ended, "rollout", compute_s=ended - started)
         return trajectory
+
+    def _sample_validation_here(self, model: LoopModel, chunk: tuple[list[str], list[int]],
+                                plan: SamplingPlan) -> torch.Tensor:
+        """One validation chunk on the on-demand device (billed with validation, between iterations)."""
+        return generate(model, *chunk, plan, record=False).final
 
     # -- exploration rounds -------------------------------------------------------------------------
     def _open_round(self, target: int, version: int, budget_s: float) -> dict[str, float]:

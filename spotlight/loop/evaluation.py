@@ -25,6 +25,15 @@ KindOf = Callable[[str], str | None]  # a prompt's kind (GenEval's tag), None wh
 
 VALIDATION_SEED_BASE = 1_000_003  # far from training seeds, which count up from the run seed
 
+# Validation samples in chunks of this many (prompt, seed) rows, wherever a chunk runs: a row's value may
+# depend on how many rows share its model call (CPU and GPU kernels pick their reduction order by shape), so
+# chunks of one fixed size make validation the same bits on the trainer alone or split with spot devices.
+VALIDATION_CHUNK = 32
+
+# Final latents (B, ...) of validation's rows: (model, prompts, seeds, plan) -> latents, sampled in
+# `validation_chunks`; `sample_validation` here, or a backend's `validation_samples` sharing the chunks out.
+ValidationSampler = Callable[[Policy, list[str], list[int], SamplingPlan], torch.Tensor]
+
 
 def validation_subset(prompts: Sequence[str], count: int | None) -> list[str]:
     """``count`` prompts spread evenly over ``prompts`` (all of them when ``count`` is None or not smaller).
@@ -103,6 +112,17 @@ def validation_seeds(num_prompts: int, seeds_per_prompt: int) -> list[int]:
     return [VALIDATION_SEED_BASE + i for i in range(num_prompts * seeds_per_prompt)]
 
 
+def validation_chunks(rows: int) -> list[slice]:
+    """Validation's units of work: consecutive chunks of `VALIDATION_CHUNK` rows (the last may be shorter)."""
+    return [slice(start, min(start + VALIDATION_CHUNK, rows)) for start in range(0, rows, VALIDATION_CHUNK)]
+
+
+def sample_validation(model: Policy, prompts: list[str], seeds: list[int], plan: SamplingPlan) -> torch.Tensor:
+    """The final latents of validation's rows, sampled here chunk by chunk (`validation_chunks`)."""
+    return torch.cat([generate(model, prompts[rows], seeds[rows], plan, record=False).final
+                      for rows in validation_chunks(len(prompts))])
+
+
 def model_kind_of(model: Policy) -> KindOf | None:
     """The prompt kinds of the toy task a model was built for (its ``config.task``); None for a model of no task."""
     task = model.config.task
@@ -112,6 +132,7 @@ def model_kind_of(model: Policy) -> KindOf | None:
 def evaluate(
     model: Policy, prompts: Sequence[str], reward: Reward, seeds_per_prompt: int = 4, num_steps: int = 10,
     shift: float = 1.0, kind_of: KindOf | None = None, schedule: SamplingPlan | None = None,
+    sampler: ValidationSampler | None = None,
 ) -> EvalResult:
     """Score ODE samples of every prompt at fixed seeds: the reward's mean and strict accuracy, overall and per kind.
 
@@ -119,7 +140,9 @@ def evaluate(
     model's toy task, if it has one. Prompts of no kind are left out of the per-kind numbers.
     ``schedule``: the rollout's plan (or a pipeline's `ScheduleParams`), whose sigma schedule validation
     keeps with its own ``num_steps`` of ODE; None: the policy's own scheduler if it has one (a pipeline
-    folder), else Spotlight's schedule with ``shift``.
+    folder), else Spotlight's schedule with ``shift``. ``sampler``: where the samples are drawn (a backend's
+    `validation_samples`, which may share the chunks with spot devices); None: here (`sample_validation`).
+    Either way the same bits: each chunk is a pure function of (weights, its prompts, its seeds, plan).
     """
     expanded = [prompt for prompt in prompts for _ in range(seeds_per_prompt)]
     seeds = validation_seeds(len(prompts), seeds_per_prompt)
@@ -131,9 +154,9 @@ def evaluate(
                             shift_terminal=schedule.shift_terminal)
     was_training = model.training
     model.eval()
-    trajectory = generate(model, expanded, seeds, plan, record=False)
+    latents = (sample_validation if sampler is None else sampler)(model, expanded, seeds, plan)
     model.train(was_training)
-    images = images_of(model, trajectory.final)
+    images = images_of(model, latents)
     scored = guarded_score(reward, images, expanded)
     strict = scored.strict.float()
     has_strict = bool(getattr(reward, "has_strict", True))

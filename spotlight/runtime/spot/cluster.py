@@ -83,6 +83,7 @@ class SpotCluster:
         self.joining: list[str] = []  # nodes the trace brought back that are not up yet
         self.finished: list[CallResult] = []  # calls other than exploration, for the main thread
         self.round: Round | None = None
+        self.feed: Callable[[], None] | None = None  # more work for idle devices, each tick (a shared validation)
         self.stop = threading.Event()
         self.controller: threading.Thread | None = None
         self.controller_error: BaseException | None = None
@@ -252,6 +253,8 @@ class SpotCluster:
                         for result in self.pool.poll(0.0):
                             self._collect(result)
                         self._feed_round()
+                        if self.feed is not None:
+                            self.feed()
                 time.sleep(TICK_S)
         except BaseException as error:  # surfaced in the main thread by wait
             self.controller_error = error

@@ -124,8 +124,10 @@ class SpotDevice:
         """The weights this device holds, as numpy (for tests that compare them with the trainer's)."""
         return {name: tensor.detach().numpy().copy() for name, tensor in self._model().broadcast_state().items()}
 
-    def sample(self, prompts: list[str], seeds: list[int], plan: SamplingPlan, weights_version: int) -> DeviceCall:
-        """Rollout help: one SDE trajectory per (prompt, seed) with θ_weights_version; result (latents, log_probs).
+    def sample(self, prompts: list[str], seeds: list[int], plan: SamplingPlan, weights_version: int,
+               record: bool = True) -> DeviceCall:
+        """Rollout (or validation) help: one trajectory per (prompt, seed) with θ_weights_version; result
+        (latents, log_probs), every step's latent or (``record`` False, validation) the first and last only.
 
         The result is None, and nothing is sampled, when this device holds other weights than the
         request's: the driver then samples the part itself, never with the wrong policy.
@@ -135,7 +137,7 @@ class SpotDevice:
         if weights_version != self.version:
             return DeviceCall(self.device_id, start, time.time(), 0.0, None)
         with torch.no_grad():
-            trajectory = generate(model, prompts, seeds, plan)
+            trajectory = generate(model, prompts, seeds, plan, record=record)
         return DeviceCall(self.device_id, start, time.time(), self.clock.seconds - compute_before,
                           (trajectory.latents, trajectory.log_probs))
 
