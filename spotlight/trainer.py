@@ -67,6 +67,7 @@ from spotlight.loop.streams import Stream, iteration_generator, iteration_prompt
 from spotlight.models.loop_model import LoopModel
 from spotlight.models.pipelines.memory_estimate import out_of_memory_message, with_estimated_micro_batch
 from spotlight.models.pipelines.text_encoder_plan import place_text_encoders
+from spotlight.models.weight_payload import pack_weights
 from spotlight.ranks.group import TrainerRanks
 from spotlight.ranks.rollout import score_share
 from spotlight.report.grid import save_grid
@@ -435,7 +436,7 @@ class Trainer:
                 samples = self.backend.rollout(iteration, part_prompts, part_seeds)  # with any spot devices
                 return samples, score_share(self.model, part_prompts, part_seeds, samples, self.reward)
 
-            trailing = self.sampler.broadcast_state() if self.versions.ships_sampler else None
+            trailing = pack_weights(self.sampler) if self.versions.ships_sampler else None
             samples, rewards = self.ranks.rollout(iteration, prompts, seeds, trailing, here)
             return score_rollout(self.model, prompts, seeds, samples, self.config, self.reward, rewards)
         started = time.perf_counter()

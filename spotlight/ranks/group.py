@@ -45,6 +45,7 @@ import torch.distributed as dist
 
 from spotlight.components.manifest import write_text_durably
 from spotlight.diffusion.sampler import Trajectory
+from spotlight.models.pipelines.text_encoder_plan import place_text_encoders
 from spotlight.ranks.data_parallel import RankShare, data_parallel
 from spotlight.ranks.mirrored import MirroredVersions
 from spotlight.ranks.placement import (
@@ -130,6 +131,9 @@ class TrainerRank:
         self.config, self.rank = config, rank
         section = config.train
         self.model = build_policy(config)
+        # its text encoders placed as rank 0's (`text_encoder_plan`): resident, or precompute, whose prompts rank 0
+        # sends with each rollout (`TrainerRanks.rollout`); none moves inside the loop either way
+        place_text_encoders(self.model, config, ())
         self.sharded = config.trainer.sharding == "fsdp"
         self.versions: ShardedVersions | None = None  # fsdp: built once the group exists (`join`)
         if not self.sharded:
@@ -180,7 +184,8 @@ class TrainerRank:
         self.optimizer.load_state_dict(optimizer_state)
 
     def rollout(self, prompts: list[str], share: slice, seeds: torch.Tensor,
-                sampler_state: dict[str, torch.Tensor] | None) -> tuple[Trajectory, RewardOutput, Any] | None:
+                sampler_state: dict[str, torch.Tensor] | None,
+                conditioning: Any = None) -> tuple[Trajectory, RewardOutput, Any] | None:
         """Set θ_old,i and sample and score this rank's ``share`` of the iteration's ``prompts`` with it (seeds:
         the share's (P_r, G)): its samples, rewards and prompt conditioning; None: an empty share.
 
@@ -188,8 +193,10 @@ class TrainerRank:
         θ_old,i is θ_i itself, which this rank already holds (every DDP step keeps it equal to rank 0's).
         Only the share's prompts are encoded here: the update conditions on every prompt, and a pipeline's
         prompt ids index each process's own cache of text embeddings, so each rank's embeddings go to rank 0
-        with its samples (`prompt_conditioning`) and every rank gets all of them with the update.
+        with its samples (`prompt_conditioning`) and every rank gets all of them with the update. ``conditioning``:
+        the share's embeddings from rank 0, which precomputed every prompt (``model.text_encoders`` precompute).
         """
+        self.model.adopt_prompt_conditioning(conditioning)
         if self.versions is not None:  # fsdp: θ_old,i is gathered into the whole sampler after every update
             sampler = self.versions.sampler
         else:
@@ -330,7 +337,10 @@ class TrainerRanks:
         """
         shares = prompt_shares(len(prompts), self.world_size)
         state_ref = None if sampler_state is None else ray.put(sampler_state)
-        calls = [actor.rollout.remote(prompts, share, seeds[share], state_ref)
+        # precompute: rank 0 holds every prompt's embeddings, so a rank's share needs no encoder of its own
+        precomputed = getattr(getattr(self.model, "prompts", None), "placement", None) == "precomputed"
+        calls = [actor.rollout.remote(prompts, share, seeds[share], state_ref,
+                                      self.model.prompt_conditioning(prompts[share]) if precomputed else None)
                  for actor, share in zip(self.actors, shares[1:], strict=True)]
         samples, rewards = local(prompts[shares[0]], seeds[shares[0]])
         here = what_the_update_reads(samples, self.config.train.algorithm), rewards
