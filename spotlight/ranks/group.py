@@ -67,6 +67,7 @@ from spotlight.ranks.sharded_versions import ShardedVersions
 from spotlight.rewards.base import Reward, RewardOutput
 from spotlight.rl.grpo import RolloutBatch
 from spotlight.run_error import RunError
+from spotlight.runtime.out_of_memory import actor_out_of_memory
 
 __all__ = ["CHECKPOINT_TIMEOUT_S", "COLLECTIVE_TIMEOUT_S", "TrainerRanks", "checkpoint_io"]
 
@@ -303,6 +304,8 @@ class TrainerRanks:
         try:
             with checkpoint_io() if checkpoint else nullcontext():
                 result = local()
+        except torch.OutOfMemoryError:  # rank 0's own: one line naming the knobs (`spotlight.trainer.train`)
+            raise
         except (RuntimeError, dist.DistBackendError) as error:  # a collective failed: which rank is gone?
             self._get(calls, what, timeout_s)
             raise RunError(f"trainer rank 0 failed in {what} ({one_line(error)}); resume from the last checkpoint "
@@ -365,6 +368,8 @@ class TrainerRanks:
         calls = [actor.update.remote(iteration, batch_ref, section, conditioning) for actor in self.actors]
         try:
             metrics = local(self.trained, RankShare(section, 0, self.world_size))
+        except torch.OutOfMemoryError:  # rank 0's own: one line naming the knobs (`spotlight.trainer.train`)
+            raise
         except (RuntimeError, dist.DistBackendError) as error:  # a collective failed: which rank is gone?
             self._get(calls, f"running iteration {iteration + 1}'s update")
             raise RunError(f"trainer rank 0: iteration {iteration + 1}'s update failed ({one_line(error)}); "
@@ -383,6 +388,9 @@ class TrainerRanks:
             return ray.get(calls, timeout=timeout_s)
         except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError) as error:
             rank = next((k + 1 for k, call in enumerate(calls) if not _succeeded(call)), "?")
+            out_of_memory = actor_out_of_memory(error, f"trainer rank {rank} of {self.world_size} while {what}")
+            if out_of_memory is not None:  # the driver's one out-of-memory line (`spotlight.trainer.train`)
+                raise out_of_memory from None
             cause = (f"failed to start ({init_failure(error)})" if getattr(error, "actor_init_failed", False) else
                      "died" if isinstance(error, ray.exceptions.RayActorError) else
                      f"did not answer in {timeout_s:.0f} s (a loaded machine: raise runtime.node_timeout_s)"

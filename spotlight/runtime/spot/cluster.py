@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+import torch
 from ray.exceptions import GetTimeoutError, RayError
 
 from spotlight.market.billing import DeviceLedger
@@ -380,6 +381,8 @@ class SpotCluster:
         """Block the main thread (the on-demand device idles) until ``done()`` (checked under lock) or the timeout."""
         deadline = time.monotonic() + timeout_s
         while True:
+            if isinstance(self.controller_error, torch.OutOfMemoryError):  # a spot device's: the run's one line
+                raise self.controller_error
             if self.controller_error is not None:
                 raise RunError(f"the runtime controller failed: {self.controller_error}") from self.controller_error
             with self.lock:
