@@ -3,16 +3,16 @@
 #
 #   MODELS="sd35m" bash benchmarks/gpu_run.sh                  # ~2-3 min on one H100/H200 (set-up included)
 #   MODELS="qwen-image" bash benchmarks/gpu_run.sh             # the 20.4 B transformer: budget ~8 min
-#   bash benchmarks/gpu_run.sh --iterations 2 --set train.micro_batch_size=16   # extra arguments go to every model
+#   bash benchmarks/gpu_run.sh --iterations 5 --set train.micro_batch_size=16   # extra arguments go to every model
 #   MODELS="" FSDP=1 bash benchmarks/gpu_run.sh                # only the FSDP2 path on NCCL in bf16 (~1 min):
 #                                                              # gpu_smoke.py --finetune full --sharding fsdp
 #
 # The lent H200 image has torch, transformers, peft, safetensors, typer and rich, but not diffusers, ray,
-# pydantic (and their small dependencies), and reaches no package registry. So when they do not import,
-# they come from a tarball of an unpacked site-packages carried in the tree (SITE_TAR, default
-# .whl/py312-site.tar.xz: cp312 wheels installed with `pip install --no-index --no-deps --target site`, packed
-# with `tar -cJf`; `.whl/` is git-ignored, so name it in the device call's carry list). The repository itself
-# is put first on PYTHONPATH (no install).
+# pydantic (and their small dependencies) or the recipes' OCR reward (rapidocr, onnxruntime, OpenCV), and
+# reaches no package registry. So when they do not import, they come from benchmarks/gpu_wheels.sh's tarballs
+# carried in the tree (SITE_TAR, default .whl/py312-site.tar.xz, and OCR_TAR beside it, whole or in parts;
+# `.whl/` is git-ignored, so name them in the device call's carry list; benchmarks/README.md). The repository
+# itself is put first on PYTHONPATH (no install). For issue 42's whole acceptance run: benchmarks/gpu_acceptance.sh.
 #
 # Writes $OUT/gpu_throughput.json (one entry per model), a log per model and nvidia-smi's view of the device;
 # without $OUT, benchmarks/results/.
