@@ -164,12 +164,15 @@ def _payload_from_bytes(index: PayloadIndex, data: np.ndarray) -> WeightPayload:
 
 @dataclass
 class _Packer:
-    """One model's packing state, kept between iterations: the index, the device buffer, the pinned host one."""
+    """One model's packing state, kept between iterations: the index and (on a GPU) the pinned host buffer.
+
+    The device buffer is not kept: the caching allocator hands the same block back each iteration, and
+    between two packs the memory serves the update instead of holding a copy of the weights.
+    """
 
     signature: tuple[Any, ...]
     index: PayloadIndex
-    device_buffer: torch.Tensor | None  # None on a CPU model: it packs straight into a fresh host buffer
-    host_buffer: torch.Tensor | None
+    host_buffer: torch.Tensor | None  # None on a CPU model: it packs straight into a fresh host buffer
 
 
 _packers: weakref.WeakKeyDictionary[Any, _Packer] = weakref.WeakKeyDictionary()
@@ -182,9 +185,7 @@ def _packer(model: Any, tensors: Mapping[str, torch.Tensor], dtype: torch.dtype)
     if packer is None or packer.signature != signature:
         index = PayloadIndex.of(tensors, dtype)
         on_host = device.type == "cpu"
-        packer = _Packer(signature, index,
-                         None if on_host else torch.empty(index.numel, dtype=dtype, device=device),
-                         None if on_host else torch.empty(index.numel, dtype=dtype, pin_memory=True))
+        packer = _Packer(signature, index, None if on_host else torch.empty(index.numel, dtype=dtype, pin_memory=True))
         _packers[model] = packer
     return packer
 
@@ -203,14 +204,15 @@ def pack_weights(model: Any) -> WeightPayload:
     dtype = sampling_dtype(model)
     packer = _packer(model, tensors, dtype)
     flat = [tensor.detach().reshape(-1) for tensor in tensors.values()]
-    if packer.device_buffer is None:
+    if packer.host_buffer is None:
         host = torch.empty(packer.index.numel, dtype=dtype)
         torch.cat(flat, out=host)  # one pass, cast to the sampling dtype on the way
         return WeightPayload(packer.index, host)
-    torch.cat(flat, out=packer.device_buffer)
-    packer.host_buffer.copy_(packer.device_buffer, non_blocking=True)
+    device_buffer = torch.empty(packer.index.numel, dtype=dtype, device=flat[0].device)
+    torch.cat(flat, out=device_buffer)
+    packer.host_buffer.copy_(device_buffer, non_blocking=True)
     done = torch.cuda.Event()
-    done.record()
+    done.record(torch.cuda.current_stream(device_buffer.device))  # the stream the copy was queued on
     done.synchronize()  # the one wait: the bytes must be on the host before anyone reads them
     return WeightPayload(packer.index, packer.host_buffer)
 
