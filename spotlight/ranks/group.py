@@ -48,13 +48,7 @@ from spotlight.diffusion.sampler import Trajectory
 from spotlight.models.pipelines.text_encoder_plan import place_text_encoders
 from spotlight.ranks.data_parallel import RankShare, data_parallel
 from spotlight.ranks.mirrored import MirroredVersions
-from spotlight.ranks.placement import (
-    PlacementTimeout,
-    gpu_layout,
-    placement_error,
-    process_group_backend,
-    rank_placement,
-)
+from spotlight.ranks.placement import PlacementTimeout, placement_error, process_group_backend, rank_placement
 from spotlight.ranks.rollout import (
     concat_outputs,
     concat_trajectories,
@@ -67,6 +61,7 @@ from spotlight.ranks.sharded_versions import ShardedVersions
 from spotlight.rewards.base import Reward, RewardOutput
 from spotlight.rl.grpo import RolloutBatch
 from spotlight.run_error import RunError
+from spotlight.runtime.gpus import gpu_layout
 from spotlight.runtime.out_of_memory import actor_out_of_memory
 
 __all__ = ["CHECKPOINT_TIMEOUT_S", "COLLECTIVE_TIMEOUT_S", "TrainerRanks", "checkpoint_io"]

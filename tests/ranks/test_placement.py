@@ -12,7 +12,8 @@ import ray
 from ray.cluster_utils import Cluster
 from ray.util import placement_group_table
 
-from spotlight.ranks.placement import PlacementTimeout, gpu_layout, rank_placement
+from spotlight.ranks.placement import PlacementTimeout, rank_placement
+from spotlight.runtime.gpus import gpu_layout
 
 
 @ray.remote

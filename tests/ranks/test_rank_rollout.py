@@ -59,7 +59,7 @@ def test_nccl_on_gpus_gloo_on_the_cpu_and_a_rank_without_a_gpu_is_one_line() -> 
     line = placement_error("cuda", 4, [node(2, True), node(8, False), node(8, True, alive=False)])
     assert line is not None and "\n" not in line
     assert line.startswith("trainer rank 2 of 4 has no GPU") and "trainer.devices" in line and "on_demand" in line
-    # a cluster the run started hides the driver's GPU from Ray (`hidden_driver_gpu`): every GPU it lists is free
+    # a cluster the run started offers ranks every GPU but the driver's (`GpuLayout`): every GPU it lists is free
     assert placement_error("cuda", 3, [node(2, True)], counts_driver_gpu=False) is None
     assert placement_error("cuda", 4, [node(2, True)], counts_driver_gpu=False).startswith("trainer rank 3 of 4")
 

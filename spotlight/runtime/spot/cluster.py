@@ -36,8 +36,8 @@ from spotlight.market.prices import default_prices
 from spotlight.market.traces import Availability, resolve_trace
 from spotlight.models.weight_payload import object_store_mb, payload_nbytes, refuse_full_fine_tune_on_spot
 from spotlight.modes import Mode
-from spotlight.ranks.placement import gpu_layout
 from spotlight.run_error import RunError
+from spotlight.runtime.gpus import gpu_layout
 from spotlight.runtime.queue.durable import start_durable_queue_actor
 from spotlight.runtime.queue.rounds import Round
 from spotlight.runtime.section import RuntimeSection

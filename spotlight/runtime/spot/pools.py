@@ -41,7 +41,7 @@ from spotlight.runtime.spot.reaper import Reaper
 from spotlight.runtime.spot.worker import WorkerSettings
 
 if TYPE_CHECKING:
-    from spotlight.ranks.placement import GpuLayout
+    from spotlight.runtime.gpus import GpuLayout
 
 __all__ = ["CallResult", "LocalCluster", "PoolError", "SpotPool", "attach_cluster", "spot_nodes"]
 
