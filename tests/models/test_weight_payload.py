@@ -147,3 +147,18 @@ def test_the_object_store_is_sized_from_the_payload() -> None:
     qwen_lora_bf16 = 377_487_360  # Qwen-Image's rank-64 LoRA: ~755 MB in float32, half in bfloat16
     assert object_store_mb(qwen_lora_bf16) == 2 * 360 + 200  # two versions in flight, plus the margin
     assert object_store_mb(payload_nbytes(lora_policy())) == 201  # a toy's payload: the margin carries it
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_the_payload_leaves_through_pinned_memory_once_and_lands_on_the_device() -> None:
+    sender, receiver = lora_policy(dtype="bfloat16", seed=3).cuda(), lora_policy(dtype="bfloat16", seed=90).cuda()
+    payload = pack_weights(sender)
+    assert payload.buffer.device.type == "cpu" and payload.buffer.is_pinned()
+    receiver.load_broadcast_state(pickle.loads(pickle.dumps(payload, protocol=5)))
+    assert all(tensor.device.type == "cuda" for tensor in receiver.lora_parameters().values())
+    for name, tensor in sender.lora_parameters().items():
+        assert torch.equal(receiver.lora_parameters()[name], tensor.detach().to(torch.bfloat16).float()), name
+    versions = PolicyVersions(model=sender, sampler=sender, previous=frozen_copy(receiver), reference=None, ema=None)
+    versions.hand_over()
+    assert all(torch.equal(trained_tensors(versions.previous)[name], tensor)
+               for name, tensor in sender.lora_parameters().items())
