@@ -29,6 +29,7 @@ from spotlight.disagg.group_loss import GrpoGroupLoss, NftGroupLoss, keyed_forwa
 from spotlight.disagg.groups import AssembledGroup
 from spotlight.disagg.versions import VersionGate
 from spotlight.models.policy import Policy
+from spotlight.models.weight_payload import copy_weights
 from spotlight.rl.grpo import choose_train_timesteps
 
 __all__ = ["GroupedUpdate"]
@@ -56,7 +57,7 @@ class GroupedUpdate:
                 self._spare = spare
         current = self._spare if self._spare is not None else copy.deepcopy(self.model).requires_grad_(False)
         self._spare = None
-        current.load_broadcast_state(self.model.broadcast_state())
+        copy_weights(current, self.model)  # on the device, no host round trip (models/weight_payload.py)
         self._snapshots = {**keep, step: current.eval()}
         return self._snapshots
 
