@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny TinyDiT base model on disk, so pipeline tests run in seconds."""
+"""Shared fixtures: a tiny TinyDiT base model on disk, so pipeline tests run in seconds; and the order in
+which the test files are handed to the xdist workers."""
 
 from __future__ import annotations
 
@@ -10,6 +11,19 @@ import torch
 from spotlight.components.checkpoint import save_model
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
 from spotlight.tasks.shapes import VOCAB
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files with a test marked ``slow`` first, each file's tests still together and in their order.
+
+    ``--dist loadfile`` hands the workers whole files in collection order, and the end-to-end files
+    (tens of seconds to minutes each) sort last (``tests/test_*.py``): one of them started at the end
+    kept one worker busy while the other sat idle. Started first, the slow files overlap each other and
+    the hundreds of short files fill both workers to the end. The sort is stable and the same in every
+    worker, as xdist requires.
+    """
+    slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow_files)
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,7 @@ from spotlight.loop.evaluation import evaluate
 from spotlight.task_presets import get_task
 
 
+@pytest.mark.slow
 def test_a_collapsing_run_is_rolled_back_at_a_lower_rate_then_stopped_with_one_line(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     overrides = [

@@ -65,6 +65,7 @@ def assert_close_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=2e-6, msg=f"weight {name}")
 
 
+@pytest.mark.slow  # the five runs of the module's fixture
 def test_the_gap_update_equals_the_one_shot_update_on_the_same_samples(runs):
     gap, one_shot = runs["gap"], runs["one_shot"]
     assert [s for s in samples(gap)] == [s for s in samples(one_shot)]  # the same samples, rewards and versions
@@ -75,6 +76,7 @@ def test_the_gap_update_equals_the_one_shot_update_on_the_same_samples(runs):
     assert all(m["train/grad_norm"] > 0 for m in metrics(gap))  # the weights did move, so equality says something
 
 
+@pytest.mark.slow  # the five runs of the module's fixture
 def test_tag_changes_nothing_the_update_sees_but_which_device_drew_a_sample(runs):
     gap, tag = samples(runs["gap"]), samples(runs["tag"])
     assert sum(s["produced_by"] == "trainer" for s in tag) > 0  # the trainer did draw units in its bubbles
@@ -83,6 +85,7 @@ def test_tag_changes_nothing_the_update_sees_but_which_device_drew_a_sample(runs
     assert_close_weights(weights(runs["gap"]), weights(runs["tag"]))
 
 
+@pytest.mark.slow  # the five runs of the module's fixture
 def test_one_step_async_keeps_every_sample_within_one_version_and_one_version_per_trajectory(runs):
     logged = samples(runs["async"])
     assert {s["step"] for s in logged} == {0, 1, 2}
@@ -95,6 +98,7 @@ def test_one_step_async_keeps_every_sample_within_one_version_and_one_version_pe
     assert all(s["version"] == s["step"] for s in on_policy)  # off: strictly on-policy
 
 
+@pytest.mark.slow  # the five runs of the module's fixture
 def test_disaggregated_trains_a_diffusers_lora_policy(runs):
     run = runs["sd3"]
     logged = samples(run)

@@ -28,6 +28,7 @@ def test_a_cuda_trainer_is_not_pinned_to_one_core() -> None:
     assert cuda.device_core(0) is None and cuda.rank_core(0) is None  # the GPU is the device
 
 
+@pytest.mark.slow  # inductor compiles C++ kernels for each block: a minute on a busy 2-core machine
 def test_model_compile_builds_and_runs_a_forward(tiny_pipeline) -> None:
     config = DiffusersPolicyConfig(family="sd3", pretrained=str(tiny_pipeline("sd3")), pipeline=True,
                                    resolution=(32, 32), dtype="float32", guidance_scale=1.0, compile=True,

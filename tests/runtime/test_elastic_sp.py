@@ -119,6 +119,7 @@ def poll_until(controller: ElasticSP, done: Any, timeout_s: float = 180.0) -> No
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 def test_a_dead_agent_is_a_node_loss_its_request_resumes_and_the_node_restarts(ray_node: None, tmp_path: Path) -> None:
     queue = start_queue_actor(lease_timeout_s=600.0)  # expiry never rescues the request: the controller must
     plan = SamplingPlan(num_steps=8)

@@ -39,6 +39,7 @@ def wait_for(condition: object, timeout_s: float = PROGRESS_BOUND_S) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_workers_finish_the_round_exactly_once_through_two_queue_actor_losses(
     ray_node: None, tiny_base_model: Path, tmp_path: Path
 ) -> None:
