@@ -174,9 +174,11 @@ def train(
 
     estimate = run_memory_estimate(cfg)  # a pipeline folder's needs, read before any weight loads
     if estimate is not None and cfg.device != "cpu":  # where memory runs out; on the CPU it goes to the log
-        print(estimate.summary(cuda_memory_bytes(cfg.device)))
-        # where the text encoders live, at the micro-batch the run will take (its log says it too)
-        encoders = plan_text_encoders(with_estimated_micro_batch(cfg))
+        device_bytes = cuda_memory_bytes(cfg.device)
+        print(estimate.summary(device_bytes))
+        # where the text encoders live, at the micro-batch the run will take (its log says it too); without a
+        # GPU the run stops at its one error line
+        encoders = None if device_bytes is None else plan_text_encoders(with_estimated_micro_batch(cfg), device_bytes)
         if encoders is not None:
             print(encoders.line)
     from spotlight.components.run_dir import ensure_run_dir
