@@ -54,20 +54,23 @@ class LocalTokenAuth:
         self._saved = {name: os.environ.get(name) for name in AUTH_ENV}
         self.directory: Path | None = None
         mode = self._saved["RAY_AUTH_MODE"]
-        if mode is not None and mode.lower() != "token":  # the user's choice, Ray's to read
-            if mode.lower() == "disabled":
-                logger.warning("%s=%s: this run's Ray cluster accepts any process on this machine; unset it to run "
-                               "with a token", AUTH_ENV[0], mode)
-            return
-        os.environ["RAY_AUTH_MODE"] = mode or "token"
-        if self._saved["RAY_AUTH_TOKEN"] is None and self._saved["RAY_AUTH_TOKEN_PATH"] is None:
-            self.directory = Path(tempfile.mkdtemp(prefix="spotlight-ray-auth-"))  # mode 0700
-            token_path = self.directory / "token"
-            descriptor = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(descriptor, "w") as file:
-                file.write(secrets.token_hex(32))
-            os.environ["RAY_AUTH_TOKEN_PATH"] = str(token_path)
+        if mode is not None and mode.lower() == "disabled":  # the user's choice, as Ray documents
+            logger.warning("%s=%s: this run's Ray cluster accepts any process on this machine; unset it to run "
+                           "with a token", AUTH_ENV[0], mode)
+        elif mode is None or mode.lower() == "token":
+            os.environ["RAY_AUTH_MODE"] = mode or "token"
+            if not self._saved["RAY_AUTH_TOKEN"] and not self._saved["RAY_AUTH_TOKEN_PATH"]:  # Ray skips empty ones
+                self._make_token()
         _reload_ray_auth()
+
+    def _make_token(self) -> None:
+        """The run's token, in a file of a private folder; nodes get the file's path."""
+        self.directory = Path(tempfile.mkdtemp(prefix="spotlight-ray-auth-"))  # mode 0700
+        token_path = self.directory / "token"
+        descriptor = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(descriptor, "w") as file:
+            file.write(secrets.token_hex(32))
+        os.environ["RAY_AUTH_TOKEN_PATH"] = str(token_path)
 
     def undo(self) -> None:
         """Give back the environment as it was and remove the run's token (idempotent)."""
