@@ -42,8 +42,9 @@ def policy_config(config: TrainConfig) -> DiffusersPolicyConfig | None:
     """The diffusers description of the run's policy (None for a TinyDiT); ConfigError naming the field."""
     section, rollout = config.model, config.rollout
     if section.pretrained is None:
-        if rollout.guidance_scale != 1.0 or rollout.resolution is not None:
-            field = "guidance_scale" if rollout.guidance_scale != 1.0 else "resolution"
+        if rollout.guidance_scale != 1.0 or rollout.resolution is not None or rollout.num_frames is not None:
+            field = ("guidance_scale" if rollout.guidance_scale != 1.0 else
+                     "resolution" if rollout.resolution is not None else "num_frames")
             raise ConfigError(f"rollout.{field} applies to a pipeline folder (model.pretrained); the {section.family} "
                               f"policy has no negative prompt or VAE: remove rollout.{field} or set model.pretrained")
         if section.family == "tinydit":
@@ -55,7 +56,7 @@ def policy_config(config: TrainConfig) -> DiffusersPolicyConfig | None:
                           "the tiny diffusers families, not a pipeline folder yet: set runtime.sp_degree 1")
     try:
         return section.pipeline_config(config.task, rollout.resolution_hw, rollout.guidance_scale,
-                                       rollout.negative_prompt, config.dtype)
+                                       rollout.negative_prompt, config.dtype, rollout.num_frames)
     except PipelineFolderError as error:
         raise ConfigError(str(error) if str(error).startswith(("model.", "rollout.")) else
                           f"model.pretrained: {error}") from None

@@ -21,10 +21,10 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from spotlight.models.pipelines.family_config import TINY_CONFIGS, DiffusersPolicyConfig, DTypeName, Finetune
-from spotlight.models.pipelines.folder import read_pipeline_folder
+from spotlight.models.pipelines.folder import PipelineFolderError, read_pipeline_folder
 from spotlight.schema import Section
 
-PolicyFamily = Literal["tinydit", "sd3", "flux", "qwen-image"]
+PolicyFamily = Literal["tinydit", "sd3", "flux", "qwen-image", "wan"]
 IMAGE_CHANNELS = 3  # the tasks' RGB images are the latents: no VAE between the transformer and the reward
 
 
@@ -82,7 +82,7 @@ class PolicySection(Section):
         return self
 
     def pipeline_config(self, task: str, resolution: tuple[int, int] | None, guidance_scale: float,
-                        negative_prompt: str, dtype: DTypeName) -> DiffusersPolicyConfig:
+                        negative_prompt: str, dtype: DTypeName, num_frames: int | None = None) -> DiffusersPolicyConfig:
         """The policy description of the ``pretrained`` pipeline folder; PipelineFolderError for a bad folder.
 
         ``task`` only names the run's prompt preset (kinds for validation); the prompts themselves are
@@ -94,13 +94,17 @@ class PolicySection(Section):
         if self.family != "tinydit" and self.family != folder.family:
             raise ValueError(f"model.family is {self.family} but {folder.path} holds a {folder.family} pipeline: "
                              f"set model.family to {folder.family} (or leave it out)")
-        folder.latent_size(resolution or folder.default_resolution)
+        if num_frames is not None and not folder.is_video:
+            raise PipelineFolderError(f"rollout.num_frames applies to a video pipeline folder; {folder.path} holds "
+                                      f"a {folder.family} image pipeline: remove rollout.num_frames")
+        folder.latent_shape(resolution or folder.default_resolution, num_frames)
         return DiffusersPolicyConfig(
             family=folder.family, pretrained=str(folder.path), pipeline=True, resolution=resolution,
             lora_rank=self.lora_rank, lora_alpha=self.lora_alpha, lora_target_modules=self.lora_target_modules,
             finetune=self.finetune, dtype=dtype, guidance_scale=guidance_scale, negative_prompt=negative_prompt,
             max_sequence_length=self.max_sequence_length, gradient_checkpointing=self.gradient_checkpointing,
             autocast=self.autocast, task=task, merge_lora=self.merge_lora, compile=self.compile,
+            num_frames=num_frames,
         )
 
     def diffusers_config(self, task: str, vocab_size: int, image_size: tuple[int, int]) -> DiffusersPolicyConfig:

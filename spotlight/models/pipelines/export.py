@@ -31,7 +31,7 @@ DIFFUSERS_LORA_FILE = "pytorch_lora_weights.safetensors"  # diffusers' default w
 TRANSFORMER_FOLDER = "transformer"
 # the LoRA loader of each family's pipeline (its save_lora_weights is a classmethod: no pipeline is built)
 LORA_LOADERS: dict[Family, str] = {"sd3": "SD3LoraLoaderMixin", "flux": "FluxLoraLoaderMixin",
-                                   "qwen-image": "QwenImageLoraLoaderMixin"}
+                                   "qwen-image": "QwenImageLoraLoaderMixin", "wan": "WanLoraLoaderMixin"}
 
 
 def save_diffusers_lora(transformer: ModelMixin, family: Family, adapter_name: str, directory: str | Path) -> Path:

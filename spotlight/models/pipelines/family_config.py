@@ -16,7 +16,7 @@ from spotlight.schema import Section
 if TYPE_CHECKING:  # torch is imported where a dtype is asked for: reading a config needs none
     import torch
 
-Family = Literal["sd3", "flux", "qwen-image"]
+Family = Literal["sd3", "flux", "qwen-image", "wan"]
 DTypeName = Literal["float32", "bfloat16", "float16"]
 Finetune = Literal["lora", "full"]
 
@@ -24,6 +24,7 @@ TRANSFORMER_CLASSES: dict[str, str] = {
     "sd3": "SD3Transformer2DModel",
     "flux": "FluxTransformer2DModel",
     "qwen-image": "QwenImageTransformer2DModel",
+    "wan": "WanTransformer3DModel",
 }
 
 # All three families name their joint-attention projections alike: image stream to_q/k/v/out.0,
@@ -33,6 +34,11 @@ DEFAULT_LORA_TARGETS: tuple[str, ...] = (
     "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
     "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out",
 )
+# Wan's blocks name theirs attn1 (self-attention over the video tokens) and attn2 (cross-attention to the text)
+FAMILY_LORA_TARGETS: dict[str, tuple[str, ...]] = {
+    "wan": ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
+            "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0"),
+}
 
 # Random transformers small enough for a CPU test, with every code path of the real architectures:
 # SD3.5's dual-attention block and QK-norm, FLUX's single-stream blocks and guidance embedding.
@@ -94,6 +100,7 @@ class DiffusersPolicyConfig(Section):
     resolution: tuple[int, int] | None = None
     negative_prompt: str = ""  # the unconditional branch of classifier-free guidance
     max_sequence_length: int | None = Field(None, ge=1)  # None: the family pipeline's default
+    num_frames: int | None = Field(None, ge=1)  # a video pipeline's frames per sample (None: its default)
 
     @model_validator(mode="after")
     def _pipeline_fields(self) -> DiffusersPolicyConfig:
@@ -129,8 +136,8 @@ class DiffusersPolicyConfig(Section):
 
     @property
     def target_modules(self) -> tuple[str, ...]:
-        """The module-name suffixes that get LoRA: the configured ones or ``DEFAULT_LORA_TARGETS``."""
-        return self.lora_target_modules or DEFAULT_LORA_TARGETS
+        """The module-name suffixes that get LoRA: the configured ones or the family's defaults."""
+        return self.lora_target_modules or FAMILY_LORA_TARGETS.get(self.family, DEFAULT_LORA_TARGETS)
 
     @property
     def resolved_latent_size(self) -> int:

@@ -11,7 +11,8 @@ A component's class is what ``model_index.json`` names for it (``"text_encoder":
 Keys that published folders carry but diffusers never reads to pick a class are not required: a
 text encoder's ``architectures`` and ``model_type`` (transformers writes them only when it saves a
 model; a folder assembled from configs lacks them) and a component config's ``_class_name``; where
-present, ``_class_name`` is a cross-check only.
+present, ``_class_name`` is a cross-check only. A key a component's config leaves out is its class's
+default, as diffusers reads it (`spotlight.models.pipelines.folder_defaults`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from spotlight.models.pipelines.family_config import Family
+from spotlight.models.pipelines.folder_defaults import with_class_defaults
 
 __all__ = ["PIPELINE_FAMILIES", "ComponentClassError", "PipelineFolder", "PipelineFolderError", "ScheduleParams",
            "component_class", "read_pipeline_folder"]
@@ -35,11 +37,16 @@ PIPELINE_FAMILIES: dict[str, Family] = {
     "StableDiffusion3Pipeline": "sd3",
     "FluxPipeline": "flux",
     "QwenImagePipeline": "qwen-image",
+    "WanPipeline": "wan",
 }
+# the families whose samples are videos: latents (C, f, h, w) of num_frames frames (`PipelineFolder.latent_shape`)
+VIDEO_FAMILIES: frozenset[Family] = frozenset({"wan"})
+DEFAULT_NUM_FRAMES = 81  # WanPipeline.__call__'s default
 # What the family's pipeline passes to calculate_shift when the scheduler config does not say
 # (SD3's pipeline defaults max_shift to 1.16, FLUX's and Qwen-Image's to 1.15).
 _SHIFT_DEFAULTS: dict[Family, tuple[int, int, float, float]] = {
-    "sd3": (256, 4096, 0.5, 1.16), "flux": (256, 4096, 0.5, 1.15), "qwen-image": (256, 4096, 0.5, 1.15)}
+    "sd3": (256, 4096, 0.5, 1.16), "flux": (256, 4096, 0.5, 1.15), "qwen-image": (256, 4096, 0.5, 1.15),
+    "wan": (256, 4096, 0.5, 1.15)}
 _UNSUPPORTED_SCHEDULES = ("use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "invert_sigmas",
                           "stochastic_sampling")
 
@@ -94,17 +101,47 @@ class PipelineFolder:
         """Pixels per latent cell, as the family's pipeline computes it from the VAE config."""
         if self.family == "qwen-image":
             return 2 ** len(self.vae.get("temperal_downsample", [False, True, True]))
+        if self.family == "wan":  # WanPipeline reads it from the VAE config
+            return int(self.vae.get("scale_factor_spatial") or 8)
         return 2 ** (len(self.vae.get("block_out_channels", [0, 0, 0, 0])) - 1)
 
     @property
     def latent_channels(self) -> int:
         """Channels C of the unpacked (B, C, h, w) latents (FLUX / Qwen-Image transformers take 4C packed)."""
         in_channels = int(self.transformer["in_channels"])
-        return in_channels if self.family == "sd3" else in_channels // 4
+        return in_channels if self.family in ("sd3", "wan") else in_channels // 4
+
+    @property
+    def is_video(self) -> bool:
+        """Whether a sample is a video (latents (C, f, h, w)) rather than an image (C, h, w)."""
+        return self.family in VIDEO_FAMILIES
+
+    def num_latent_frames(self, num_frames: int | None) -> int:
+        """Latent frames of ``num_frames`` video frames (None: the pipeline's 81), as ``WanPipeline`` computes them;
+        PipelineFolderError naming the counts that work when ``num_frames - 1`` is not a multiple of the VAE's
+        temporal scale (the pipeline would silently round it)."""
+        frames = DEFAULT_NUM_FRAMES if num_frames is None else num_frames
+        temporal = int(self.vae.get("scale_factor_temporal") or 4)
+        if frames < 1 or (frames - 1) % temporal:
+            lower = max(1, (frames - 1) // temporal * temporal + 1)
+            raise PipelineFolderError(f"rollout.num_frames {frames} does not fit {self.path}: {self.family} needs "
+                                      f"num_frames - 1 divisible by {temporal} (its VAE's temporal scale), e.g. "
+                                      f"{lower} or {lower + temporal}")
+        return (frames - 1) // temporal + 1
+
+    def latent_shape(self, resolution: tuple[int, int], num_frames: int | None = None) -> tuple[int, ...]:
+        """The latents of one sample: (C, h, w) for an image, (C, f, h, w) for a video of ``num_frames``."""
+        height, width = self.latent_size(resolution)
+        if self.is_video:
+            return (self.latent_channels, self.num_latent_frames(num_frames), height, width)
+        return (self.latent_channels, height, width)
 
     @property
     def default_resolution(self) -> tuple[int, int]:
-        """The pipeline's default image size: SD3's transformer sample_size, FLUX's / Qwen-Image's 128 latents."""
+        """The pipeline's default image size: SD3's transformer sample_size, FLUX's / Qwen-Image's 128 latents,
+        Wan's 480 x 832 video frames."""
+        if self.family == "wan":
+            return 480, 832
         latents = int(self.transformer.get("sample_size", 128)) if self.family == "sd3" else 128
         size = latents * self.vae_scale_factor
         return size, size
@@ -128,6 +165,8 @@ class PipelineFolder:
 
     @property
     def _patch(self) -> int:
+        if self.family == "wan":  # (t, h, w) patches
+            return int((self.transformer.get("patch_size") or [1, 2, 2])[1])
         return int(self.transformer.get("patch_size", 2)) if self.family == "sd3" else 2
 
     def schedule(self, latent_size: tuple[int, int]) -> ScheduleParams:
@@ -139,7 +178,9 @@ class PipelineFolder:
                                           f"does not implement: set it to false in scheduler_config.json")
         height, width = latent_size
         tokens = (height // self._patch) * (width // self._patch)
-        shift = float(config.get("shift", 1.0))
+        # UniPC's flow sigmas (Wan2.1's folders) name the static shift flow_shift; their grid runs from
+        # 1 - 1/num_train_timesteps where Spotlight's starts at 1 (the sampler is Euler / SDE either way)
+        shift = float(config.get("flow_shift") or config.get("shift", 1.0))
         if config.get("use_dynamic_shifting"):
             base_len, max_len, base_shift, max_shift = _SHIFT_DEFAULTS[self.family]
             base_len = config.get("base_image_seq_len", base_len)
@@ -150,7 +191,8 @@ class PipelineFolder:
             mu = tokens * slope + base_shift - slope * base_len
             shift = math.exp(mu) if config.get("time_shift_type", "exponential") == "exponential" else mu
         grid_end = None
-        if self.family == "sd3":  # the scheduler's own grid: from 1 down to its sigma_min
+        if self.family == "sd3" or self.family == "wan" and "flow_shift" not in config:
+            # the scheduler's own grid: from 1 down to its sigma_min (WanPipeline passes no sigmas either)
             train_steps = int(config.get("num_train_timesteps", 1000))
             first = 1.0 / train_steps
             static = float(config.get("shift", 1.0))
@@ -255,11 +297,17 @@ def _read(folder: Path) -> PipelineFolder:
         if needed not in components:
             raise PipelineFolderError(f"{folder}/model_index.json lists no {needed}: Spotlight needs the pipeline's "
                                       f"transformer, vae, text encoders and scheduler; pass the full pipeline folder")
+    def config(part: str, file: str, what: str) -> dict[str, Any]:
+        """``part``'s config as its class reads it: the keys it omits are the class's defaults (folder_defaults)."""
+        entry = index.get(part)
+        return with_class_defaults(entry[1] if isinstance(entry, list) and len(entry) == 2 else None,
+                                   _read_json(folder / part / file, folder, what))
+
     return PipelineFolder(
         path=folder, family=PIPELINE_FAMILIES[class_name], components=components,
-        transformer=_read_json(folder / "transformer" / "config.json", folder, "the transformer's config"),
-        vae=_read_json(folder / "vae" / "config.json", folder, "the VAE's config"),
-        scheduler=_read_json(folder / "scheduler" / "scheduler_config.json", folder, "the scheduler's config"),
+        transformer=config("transformer", "config.json", "the transformer's config"),
+        vae=config("vae", "config.json", "the VAE's config"),
+        scheduler=config("scheduler", "scheduler_config.json", "the scheduler's config"),
         index=index,
     )
 

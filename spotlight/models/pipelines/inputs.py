@@ -115,7 +115,7 @@ def latent_channels(family: Family, transformer: nn.Module) -> int:
 
 def channels_of(family: Family, in_channels: int) -> int:
     """Latent channels C of a ``family`` transformer with ``in_channels`` (FLUX / Qwen-Image take 2x2-packed 4C)."""
-    if family == "sd3":
+    if family in ("sd3", "wan"):
         return in_channels
     if in_channels % 4:
         raise ValueError(f"{family} in_channels must be 4 x latent channels (packed 2x2), got {in_channels}")
@@ -137,7 +137,7 @@ def transformer_velocity(
     bfloat16 would be rounded to steps of 4-8); FLUX and Qwen-Image cast it to their dtype inside.
     """
     model_dtype = next(transformer.parameters()).dtype
-    batch, _, height, width = x.shape
+    batch, (height, width) = x.shape[0], x.shape[-2:]  # a video family's latents are (B, C, f, h, w)
     if len(cond) != batch:
         raise ValueError(f"got {len(cond)} prompt embeddings for {batch} latents: pass one row per latent")
     cond = PromptEmbeddings(  # the loop's conditioning is on x's device already: a dtype cast at most
@@ -148,6 +148,10 @@ def transformer_velocity(
     if family in ("sd3", "flux") and cond.pooled is None:
         raise ValueError(f"{family} needs pooled prompt embeddings (PromptEmbeddings.pooled, (B, P)): "
                          "take them from the pipeline's encode_prompt")
+    if family == "wan":  # patchified inside; the timestep is WanPipeline's t = 1000 sigma (float32)
+        out = transformer(hidden_states=x.to(model_dtype), encoder_hidden_states=cond.embeds,
+                          timestep=1000.0 * sigma, return_dict=False)[0]
+        return out.to(x.dtype)
     if family == "sd3":
         out = transformer(hidden_states=x.to(model_dtype), encoder_hidden_states=cond.embeds,
                           pooled_projections=cond.pooled, timestep=1000.0 * sigma, return_dict=False)[0]

@@ -66,7 +66,7 @@ class PipelinePolicy(DiffusersPolicy):
         if folder.family != config.family:
             raise ValueError(f"{folder.path} holds a {folder.family} pipeline, not {config.family}: set family to "
                              f"{folder.family}")
-        folder.latent_size(config.resolution or folder.default_resolution)  # a bad resolution fails before loading
+        folder.latent_shape(config.resolution or folder.default_resolution, config.num_frames)  # fails before loading
         dtype = torch.float32 if config.finetune == "full" else config.torch_dtype
         transformer = load_transformer(config.family, str(folder.path), dtype)
         prompts = PromptCache(folder, config.torch_dtype, config.max_sequence_length)
@@ -75,9 +75,10 @@ class PipelinePolicy(DiffusersPolicy):
     # --- what the loop asks of it ----------------------------------------------------------------
 
     @property
-    def latent_shape(self) -> tuple[int, int, int]:
-        """(C, h, w) of the unpacked latents at the configured resolution."""
-        return (self.folder.latent_channels, *self._latent_size)
+    def latent_shape(self) -> tuple[int, ...]:
+        """(C, h, w) of the unpacked latents at the configured resolution; a video's (C, f, h, w)."""
+        return self.folder.latent_shape(self.config.resolution or self.folder.default_resolution,
+                                        self.config.num_frames)
 
     @property
     def device(self) -> torch.device:
@@ -117,7 +118,8 @@ class PipelinePolicy(DiffusersPolicy):
             raise ValueError(f"text encoder placement must be resident or precompute (got {placement!r})")
 
     def decode_images(self, latents: torch.Tensor) -> torch.Tensor:
-        """Images (B, 3, H, W) in [0, 1] on the CPU: the VAE decode of sampled latents (B, C, h, w)."""
+        """Images (B, 3, H, W) in [0, 1] on the CPU: the VAE decode of sampled latents (B, C, h, w); a video
+        family's videos (B, F, 3, H, W) of latents (B, C, f, h, w)."""
         return self.decoder(latents)
 
     def to(self, *args, **kwargs) -> PipelinePolicy:  # type: ignore[override]

@@ -76,7 +76,7 @@ __all__ = ["DEFAULT_MAX_SEQUENCE_LENGTH", "ENCODE_BATCH", "Placement", "PromptBa
 logger = logging.getLogger(__name__)
 
 # what each family's pipeline __call__ passes to encode_prompt by default
-DEFAULT_MAX_SEQUENCE_LENGTH = {"sd3": 256, "flux": 512, "qwen-image": 512}
+DEFAULT_MAX_SEQUENCE_LENGTH = {"sd3": 256, "flux": 512, "qwen-image": 512, "wan": 512}
 # prompts per encode_prompt call on an accelerator: a T5-XXL / Qwen2.5-VL forward of 32 x 512 tokens is a
 # few GB of activations (on the CPU: 1, the pipeline's own rows bit for bit; module docstring)
 ENCODE_BATCH = 32
@@ -211,6 +211,10 @@ class PromptCache:
             embeds, pooled, _ = pipe.encode_prompt(prompt=prompts, prompt_2=None, device=device,
                                                    max_sequence_length=self.max_sequence_length)
             lengths = [embeds.shape[1]] * len(prompts)
+        elif self.family == "wan":  # zero-padded to full length; the transformer attends to it, as in the pipeline
+            embeds, _ = pipe.encode_prompt(prompt=prompts, do_classifier_free_guidance=False, device=device,
+                                           max_sequence_length=self.max_sequence_length)
+            pooled, lengths = None, [embeds.shape[1]] * len(prompts)
         else:
             embeds, mask = pipe.encode_prompt(prompt=prompts, device=device,
                                               max_sequence_length=self.max_sequence_length)

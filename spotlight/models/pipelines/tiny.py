@@ -1,4 +1,4 @@
-"""Tiny, randomly initialised diffusers pipeline folders (SD3, FLUX, Qwen-Image) built with no model hub.
+"""Tiny, randomly initialised diffusers pipeline folders (SD3, FLUX, Qwen-Image, Wan2.1) built with no model hub.
 
 What a test, a benchmark or a user on a laptop points ``model.pretrained`` at when no real checkpoint
 is at hand: every part is the family's real class (``SD3Transformer2DModel``, ``AutoencoderKL``,
@@ -26,7 +26,7 @@ from spotlight.models.pipelines.family_config import Family
 __all__ = ["FAMILIES", "build_tiny_pipeline", "character_tokenizer", "clip_text_encoder", "qwen_vl_text_encoder",
            "save_tiny_pipeline", "t5_encoder"]
 
-FAMILIES: tuple[Family, ...] = ("sd3", "flux", "qwen-image")
+FAMILIES: tuple[Family, ...] = ("sd3", "flux", "qwen-image", "wan")
 CLIP_MAX_LENGTH = 77  # CLIP's position table; the SD3 / FLUX pipelines pad CLIP prompts to the tokenizer's max
 _SPECIALS = ("<pad>", "<unk>", "<bos>", "<eos>")
 
@@ -165,8 +165,14 @@ def _qwen_image() -> dict[str, Any]:
                 tokenizer=character_tokenizer(2048, False), scheduler=scheduler)
 
 
+def _wan() -> dict[str, Any]:
+    from spotlight.models.video.tiny_wan import tiny_wan_parts
+
+    return tiny_wan_parts(character_tokenizer(512, False), _vocab_size())
+
+
 _PARTS = {"sd3": (_sd3, "StableDiffusion3Pipeline"), "flux": (_flux, "FluxPipeline"),
-          "qwen-image": (_qwen_image, "QwenImagePipeline")}
+          "qwen-image": (_qwen_image, "QwenImagePipeline"), "wan": (_wan, "WanPipeline")}
 
 
 def build_tiny_pipeline(family: Family, seed: int = 0) -> Any:
