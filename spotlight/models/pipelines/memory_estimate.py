@@ -136,15 +136,23 @@ class ModelSizes:
 
 
 def model_sizes(folder: str | Path, targets: Iterable[str], rank: int) -> ModelSizes:
-    """`ModelSizes` of a diffusers pipeline folder, from its config and safetensors headers alone."""
-    folder = Path(folder)
+    """`ModelSizes` of a diffusers pipeline folder, from its config and safetensors headers alone.
+
+    The folder is read as diffusers reads it (`spotlight.models.pipelines.folder`): the text encoders are the
+    ones model_index.json lists, and a key a config leaves out is its class's default.
+    """
+    from spotlight.models.pipelines.folder import read_pipeline_folder
+
+    pipeline = read_pipeline_folder(folder)
+    folder = pipeline.path
     transformer_shapes = safetensors_shapes(folder / "transformer")
-    config = json.loads((folder / "transformer" / "config.json").read_text())
-    text = sum(_count(safetensors_shapes(part)) for part in sorted(folder.glob("text_encoder*")) if part.is_dir())
+    config = pipeline.transformer
+    text = sum(_count(safetensors_shapes(folder / part)) for part in pipeline.components
+               if part.startswith("text_encoder"))
     blocks = int(config.get("num_layers", 0)) + int(config.get("num_single_layers", 0))
     hidden = int(config["num_attention_heads"]) * int(config["attention_head_dim"])
     targeted = _targeted(transformer_shapes, targets)
-    vae_config = json.loads((folder / "vae" / "config.json").read_text())
+    vae_config = pipeline.vae
     vae_channels = int(vae_config.get("base_dim") or (vae_config.get("block_out_channels") or [0])[0])
     return ModelSizes(transformer=_count(transformer_shapes), text_encoders=text,
                       vae=_count(safetensors_shapes(folder / "vae")),
