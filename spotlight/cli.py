@@ -238,7 +238,11 @@ def _print_outcome(summary: Any) -> None:
 # What the utilisation totals divide by (spotlight/runtime/spot/usage.py, run_totals).
 RUNTIME_LABELS = {"util/on_demand": "util/on_demand (busy / held)", "util/spot": "util/spot (busy / held)",
                   "util/spot_held_fraction": "spot held / run", "util/spot_held_s": "spot held device-s",
-                  "util/spot_busy_s": "spot busy device-s"}
+                  "util/spot_busy_s": "spot busy device-s",
+                  # what the spot devices did with their held time (fractions summing to 1)
+                  "util/spot_rollout": "  spot: rollout share", "util/spot_explore": "  spot: exploring",
+                  "util/spot_eval": "  spot: validation share", "util/spot_weights": "  spot: loading weights",
+                  "util/spot_starting": "  spot: starting", "util/spot_idle": "  spot: waiting for work"}
 
 
 def _runtime_summary(run_dir: Path) -> None:

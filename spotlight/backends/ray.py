@@ -4,13 +4,14 @@
     seeds      spotlight: chosen by the round that explored P_i with θ_{i-1} during iteration i-1's
                training; sync-explore: a round explores P_i with θ_i now (on the critical path);
                vanilla / spot-rollout: random
-    rollout    P_i's groups split over the on-demand device and the idle spot devices holding θ_i;
-               a part lost to a preemption is redone on the on-demand device
+    rollout    P_i's groups in chunks shared by the on-demand device and the spot devices holding θ_i
+               (`spotlight.backends.ray_share`); a chunk lost to a preemption is redone on the on-demand device
     training   spotlight: AT THE SAME TIME, a round explores P_{i+1} with θ_i through the queue, under
                the planner's budget (the last training time), plus a re-score of a few of P_i's
-               candidates with θ_i for the staleness monitor (Kendall τ of stale vs fresh rankings)
+               candidates with θ_i for the staleness monitor (Kendall τ of stale vs fresh rankings);
+               a round drained before training ends gets more candidates per prompt (`ray_top_up`)
     validate   the evaluated weights go to every spot device, and validation's chunks are shared between
-               the trainer and them (`spotlight.backends.ray_validation`); the next start hands out θ_{i+1}
+               the trainer and them (`spotlight.backends.ray_share`); the next start hands out θ_{i+1}
 
 The pools, the queue, the trace and the bill are `spotlight.runtime.spot.cluster.SpotCluster`'s; this
 module decides what they run: which requests a round holds, and how its results become seeds.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +31,8 @@ import ray
 import torch
 
 from spotlight.backends.protocol import TrainerView
-from spotlight.backends.ray_validation import ValidationShare
+from spotlight.backends.ray_share import SampleShare
+from spotlight.backends.ray_top_up import RoundTopUp, candidate_id, keep_complete_top_ups
 from spotlight.diffusion.sampler import SamplingPlan, Trajectory
 from spotlight.explore.candidates import exploration_sampling, score_latents
 from spotlight.explore.planner import Decision, ExplorePlan, round_budget
@@ -127,6 +130,7 @@ class RayBackend:
         self.round_monitor: PendingMonitor | None = None  # the one riding in the open round
         self.round_metrics: dict[str, float] = {}  # the planner's, when no round opened beside training
         self.validations = 0  # each validation's weights go out under a version of their own (< 0)
+        self.top_up: RoundTopUp | None = None  # more candidates for the round beside training, while it runs
         if config.runtime.complete_rounds and view.planner is not None and len(view.planner.arms) != 1:
             raise RunError(f"runtime.complete_rounds needs one planner arm (got {len(view.planner.arms)}): set "
                            "explore.planner's num_candidates and num_steps to one value each")
@@ -173,37 +177,35 @@ class RayBackend:
         return chosen
 
     def rollout(self, iteration: int, prompts: list[str], seeds: torch.Tensor) -> Trajectory:
-        """Sample the groups on the on-demand device and the idle spot devices holding θ_i."""
+        """Sample the groups on the on-demand device and the spot devices holding θ_i, chunk by chunk.
+
+        With spot devices held, the groups are cut into chunks of about one forward batch (whole groups),
+        which the trainer takes from the front and idle devices from the back (`SampleShare`): whichever is
+        faster samples more, and a chunk a device loses comes back to the trainer. Without, one part here.
+        """
         cluster, plan = self.cluster, rollout_plan(self.config)
         self.marks.rollout_started = cluster.now()
         with cluster.lock:
-            helpers = cluster.pool.devices(version=iteration, state="idle") if self.mode.rents_spot else []
-        helpers = helpers[:len(prompts) - 1]  # a part per device, none empty: more devices than prompts idle
-        parts = np.array_split(np.arange(len(prompts)), 1 + len(helpers))
-        requests = [group_requests([prompts[p] for p in part], seeds[part]) for part in parts]
-        with cluster.lock:
-            for device, (part_prompts, part_seeds) in zip(helpers, requests[1:], strict=True):
-                cluster.pool.call(device, "rollout", "sample", part_prompts, part_seeds, plan, iteration)
-        started = cluster.now()
-        trajectories: dict[int, Trajectory | None] = {0: self._sample_here(requests[0])}
-        if self.view.planner is not None:  # a measured cost for the first round (then ignored)
-            self.view.planner.observe_prior((cluster.now() - started) / (len(requests[0][0]) * plan.num_steps))
-        index = {device: k + 1 for k, device in enumerate(helpers)}
+            helpers = self.mode.rents_spot and bool(cluster.pool.devices())
+        per_chunk = max(1, self.config.runtime.forward_batch // seeds.shape[1]) if helpers else len(prompts)
+        chunks = [group_requests(prompts[k:k + per_chunk], seeds[k:k + per_chunk])
+                  for k in range(0, len(prompts), per_chunk)]
+        here_s, here_rows = 0.0, 0
 
-        def collected() -> bool:
-            for result in [r for r in cluster.finished if r.phase == "rollout"]:
-                cluster.finished.remove(result)
-                trajectories[index[result.device_id]] = (None if result.call is None or result.call.result is None
-                                                         else Trajectory(*result.call.result, start_step=0))
-            return len(trajectories) == len(parts)
+        def here(chunk: tuple[list[str], list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+            nonlocal here_s, here_rows
+            started = cluster.now()
+            trajectory = self._sample_here(chunk)
+            here_s, here_rows = here_s + cluster.now() - started, here_rows + len(chunk[0])
+            return trajectory.latents, trajectory.log_probs
 
-        cluster.wait(collected)
-        for k, trajectory in trajectories.items():
-            if trajectory is None:  # its device was preempted (or held other weights): redo the part here
-                trajectories[k] = self._sample_here(requests[k])
-        ordered = [trajectories[k] for k in range(len(parts))]
+        ordered = self._share(SampleShare(cluster.pool, cluster.finished, iteration, plan, chunks, "rollout", True),
+                              here)
+        if self.view.planner is not None and here_rows:  # a measured cost for the first round (then ignored)
+            self.view.planner.observe_prior(here_s / (here_rows * plan.num_steps))
         self.marks.rollout_ended = cluster.now()  # sampled; scoring is billed to the rollout too
-        return Trajectory(torch.cat([t.latents for t in ordered]), torch.cat([t.log_probs for t in ordered]), 0)
+        return Trajectory(torch.cat([latents for latents, _ in ordered]),
+                          torch.cat([log_probs for _, log_probs in ordered]), 0)
 
     def training_started(self, iteration: int, budget_s: float) -> None:
         """Bill the scoring; in spotlight mode, open the round exploring P_{i+1} with θ_i."""
@@ -214,6 +216,9 @@ class RayBackend:
         self.round_metrics = {}
         if self.mode is Mode.SPOTLIGHT and iteration + 1 < self.config.iterations:
             self.round_metrics = self._open_round(iteration + 1, iteration, budget_s)
+            with cluster.lock:
+                if self.top_up is not None and cluster.elastic is None and not self.config.runtime.complete_rounds:
+                    cluster.feed = self.top_up.feed  # the devices keep exploring P_{i+1} until training ends
 
     def training_ended(self, iteration: int) -> dict[str, float]:
         """Bill the training; in spotlight mode, wait for the round; this iteration's usage and cost."""
@@ -221,8 +226,14 @@ class RayBackend:
         marks.train_ended = cluster.now()
         cluster.ledger.busy(ON_DEMAND, marks.rollout_ended, marks.train_ended, "train",
                             compute_s=marks.train_ended - marks.rollout_ended)
+        topped_up = False
+        if self.top_up is not None:
+            with cluster.lock:  # no block after the update; the planned candidates were done before the first
+                self.top_up.open, cluster.feed = False, None
+                topped_up = self.top_up.blocks > 0
         if self.mode is Mode.SPOTLIGHT and cluster.round is not None:
-            self._close_round()
+            self._close_round(wait=not topped_up)
+        self.top_up = None
         marks.ended = cluster.now()
         self.eval_compute_mark = sum(clock.seconds for clock in self.eval_clocks)
         with cluster.lock:
@@ -236,7 +247,7 @@ class RayBackend:
         The evaluated weights go to every spot device under a version of their own, negative so it is
         never an iteration's (the next `start_iteration` hands out θ_{i+1} again). The trainer samples
         chunks from the front while the controller thread feeds the devices chunks from the back
-        (`ValidationShare`); a chunk a device lost comes back to the trainer. Each chunk is a pure
+        (`SampleShare`); a chunk a device lost comes back to the trainer. Each chunk is a pure
         function of (weights, its rows, plan), so the latents are the same bits however they were shared.
         """
         cluster = self.cluster
@@ -246,31 +257,47 @@ class RayBackend:
         with cluster.lock:
             helpers = self.mode.rents_spot and bool(cluster.pool.devices())
         if not helpers or len(chunks) < 2:
-            return torch.cat([self._sample_validation_here(model, chunk, plan) for chunk in chunks])
+            return torch.cat([generate(model, *chunk, plan, record=False).final for chunk in chunks])
         weights_ref = ray.put(model_weights(model))
         with cluster.lock:
             cluster.pool.set_weights(version, weights_ref)
-            share = ValidationShare(cluster.pool, cluster.finished, version, plan, chunks)
+            share = SampleShare(cluster.pool, cluster.finished, version, plan, chunks, "eval", False)
+
+        def here(chunk: tuple[list[str], list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+            trajectory = generate(model, *chunk, plan, record=False)
+            return trajectory.latents, trajectory.log_probs
+
+        latents = torch.cat([latents[:, -1] for latents, _ in self._share(share, here)])
+        cluster.events.write(cluster.now(), "validation_shared", chunks=len(chunks), on_spot=share.on_devices,
+                             returned=share.returned)
+        return latents
+
+    def _share(self, share: SampleShare,
+               here: Callable[[tuple[list[str], list[int]]], tuple[torch.Tensor, torch.Tensor]]) -> list[Any]:
+        """Sample ``share``'s chunks here (from the front) while the controller feeds them to the spot devices.
+
+        The trainer takes its first chunk before the devices are fed, so a job of one chunk stays here.
+        Returns every chunk's (latents, log_probs) in order, once each has come back from somewhere.
+        """
+        cluster = self.cluster
+        with cluster.lock:
+            index = share.take()
             cluster.feed = share.feed
         try:
             while True:
-                with cluster.lock:
-                    index = share.take()
                 if index is None:  # the devices hold the rest: wait for them, or for a chunk a lost one gave back
                     cluster.wait(share.settled)
+                else:
+                    sampled = here(share.chunks[index])
                     with cluster.lock:
-                        if len(share.results) == len(chunks):
-                            break
-                    continue
-                latents = self._sample_validation_here(model, chunks[index], plan)
+                        share.results[index] = sampled
                 with cluster.lock:
-                    share.results[index] = latents
+                    if share.complete():
+                        return share.ordered()
+                    index = share.take()
         finally:
             with cluster.lock:
                 cluster.feed = None
-        cluster.events.write(cluster.now(), "validation_shared", chunks=len(chunks), on_spot=share.on_devices,
-                             returned=share.returned)
-        return share.latents()
 
     def close(self) -> None:
         self.cluster.close()
@@ -303,11 +330,6 @@ class RayBackend:
         self.cluster.ledger.busy(ON_DEMAND, started, ended, "rollout", compute_s=ended - started)
         return trajectory
 
-    def _sample_validation_here(self, model: LoopModel, chunk: tuple[list[str], list[int]],
-                                plan: SamplingPlan) -> torch.Tensor:
-        """One validation chunk on the on-demand device (billed with validation, between iterations)."""
-        return generate(model, *chunk, plan, record=False).final
-
     # -- exploration rounds -------------------------------------------------------------------------
     def _open_round(self, target: int, version: int, budget_s: float) -> dict[str, float]:
         """Queue the candidates of ``target``'s prompts for the devices holding θ_version, as the planner says.
@@ -335,10 +357,13 @@ class RayBackend:
         plan = decision.plan
         plan_metrics.update({"planner/num_candidates": float(plan.num_candidates),
                              "planner/num_steps": float(plan.num_steps)})
-        candidates = candidate_seeds(config.seed, target, len(prompts), plan.num_candidates)
+        # candidate_seeds' stream, kept drawing for the candidates a top-up adds (ray_top_up)
+        seed_stream = iteration_generator(config.seed, target, Stream.SEEDS)
+        candidates = torch.randint(0, 2**62, (len(prompts), plan.num_candidates), generator=seed_stream)
         rollout_sampling = rollout_plan(config)
         sampling = exploration_sampling(plan, rollout_sampling)
-        requests = [Request(f"x{target}-{p}-{c}", prompt, int(candidates[p, c]), sampling, weights_version=version)
+        requests = [Request(candidate_id(target, p, c), prompt, int(candidates[p, c]), sampling,
+                            weights_version=version)
                     for p, prompt in enumerate(prompts) for c in range(plan.num_candidates)]
         own_ids = [r.request_id for r in requests]
         if monitor is not None:
@@ -354,26 +379,36 @@ class RayBackend:
                        extra_steps=0 if monitor is None else monitor.plan.num_steps,
                        opened_at=cluster.now(), plan_metrics=plan_metrics)
         self.round_monitor = monitor
+        # The trainer scores every candidate after the update: extras at most double the planned scoring
+        limit = min(2 * plan.num_candidates, max(arm.num_candidates for arm in view.planner.arms))
+        self.top_up = RoundTopUp.sized(lambda more: ray.get(cluster.queue.submit.remote(more)), round_, seed_stream,
+                                       sampling, config.runtime.forward_batch, limit)
         with cluster.lock:
             cluster.round = round_
         return {}
 
-    def _close_round(self) -> None:
-        """Wait for the open round (cancelling what is left after runtime.explore_wait_s), score and select."""
+    def _close_round(self, wait: bool = True) -> None:
+        """Wait for the open round (cancelling what is left after runtime.explore_wait_s), score and select.
+
+        ``wait`` False: a topped-up round, whose own requests are done; what is left of its last block is
+        cancelled at once (`keep_complete_top_ups` drops it).
+        """
         config, view, cluster = self.config, self.view, self.cluster
         round_, monitor = cluster.round, self.round_monitor
         if config.runtime.complete_rounds:  # nothing of the round is left once this returns
             self._serve_round_here(round_.version)
             with cluster.lock:
                 round_.drained = True
-        drained = cluster.wait(lambda: round_.drained, config.runtime.explore_wait_s)
+        drained = cluster.wait(lambda: round_.drained, config.runtime.explore_wait_s if wait else 0.0)
         closed_at = cluster.now()
         with cluster.lock:
             cluster.round = None
-        if not drained:
+        planned = round_.plan.num_candidates
+        if not drained or round_.candidates.shape[1] > planned:  # a top-up's last block may still be queued
             ray.get(cluster.queue.cancel.remote(round_.all_ids))
         results = ray.get(cluster.queue.results_of.remote(round_.all_ids))  # then freed: a lost answer loses nothing
         cluster.queue.forget.remote(round_.all_ids)
+        keep_complete_top_ups(round_, results)
         latents = results_in_order(results, round_.ids, view.model.latent_shape)
         rewards = score_latents(latents, round_.prompts, view.reward, lambda z: images_of(view.model, z))
         missing = torch.tensor([rid not in results for rid in round_.ids]).reshape(rewards.shape)
@@ -400,12 +435,17 @@ class RayBackend:
                                       finished, round_.plan.num_steps)
         if monitor is not None:
             exploration.metrics.update(self._staleness(monitor, results))
+        exploration.metrics["explore/extra_candidates"] = float(round_.candidates.shape[1] - round_.plan.num_candidates)
         self.explored = Explored(round_, exploration)
         if self.mode is Mode.SPOTLIGHT:
             m = config.explore.monitored_prompts(round_.target, len(round_.prompts))  # re-scored next round
+            n = round_.plan.num_candidates  # the planned candidates: a top-up's are not re-scored
+            stale_seeds = exploration.seeds[:m] if round_.candidates.shape[1] == n else select_explored(
+                rewards[:m, :n], round_.candidates[:m, :n], config,
+                iteration_generator(config.seed, round_.target, Stream.SELECTION)).seeds
             self.monitor_round = None if m == 0 else PendingMonitor(
-                round_.target, round_.plan, round_.prompts[:m], round_.candidates[:m], rewards[:m],
-                exploration.seeds[:m], ids=[])
+                round_.target, round_.plan, round_.prompts[:m], round_.candidates[:m, :n], rewards[:m, :n],
+                stale_seeds, ids=[])
 
     def _serve_round_here(self, version: int) -> None:
         """The on-demand device serves the open round's requests for θ_version until none is left.

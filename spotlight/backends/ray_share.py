@@ -1,11 +1,11 @@
-"""Validation shared between the trainer and the spot devices: its chunks, who samples which, and what came back.
+"""Sampling shared between the trainer and the spot devices: its chunks, who samples which, and what came back.
 
-Validation is ODE samples at fixed seeds, cut into chunks of a fixed number of rows
-(`spotlight.loop.evaluation.validation_chunks`), each a pure function of (weights, its prompts, its seeds,
-plan). The trainer takes chunks from the front, one at a time; the controller thread hands chunks from the
-back to every idle spot device holding the evaluated weights, each time one answers, so neither waits for
-the other and the two meet somewhere in the middle. A chunk whose device is lost, or that held other
-weights, goes back to the front: the trainer samples it next, and nothing is lost.
+A rollout's groups and validation's rows are cut into chunks, each a pure function of (weights, its
+prompts, its seeds, plan). The trainer takes chunks from the front, one at a time; the controller thread
+hands chunks from the back to every idle spot device holding the weights, each time one answers, so
+neither waits for the other and the two meet somewhere in the middle (the old fixed split left the faster
+one idle until the other finished). A chunk whose device is lost, or that held other weights, goes back
+to the front: the trainer samples it next, and nothing is lost.
 """
 
 from __future__ import annotations
@@ -18,14 +18,17 @@ import torch
 from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.runtime.spot.pools import CallResult, SpotPool
 
-__all__ = ["ValidationShare"]
+__all__ = ["SampleShare"]
+
+Sampled = tuple[torch.Tensor, torch.Tensor]  # (latents, log_probs) of a chunk, as `SpotDevice.sample` answers
 
 
 @dataclass
-class ValidationShare:
-    """One validation's chunks between the trainer (``take``) and the spot devices (``feed``); under the cluster lock.
+class SampleShare:
+    """One sampling job's chunks between the trainer (``take``) and the spot devices (``feed``); under the cluster lock.
 
-    ``version`` is the weights version the devices were handed for it (the evaluated model's).
+    ``version`` is the weights version the devices must hold; ``phase`` what their calls are billed as
+    (rollout, eval); ``record`` whether every step's latent comes back (a rollout) or the last only.
     """
 
     pool: SpotPool
@@ -33,9 +36,11 @@ class ValidationShare:
     version: int
     plan: SamplingPlan
     chunks: list[tuple[list[str], list[int]]]
+    phase: str
+    record: bool
     pending: deque[int] = field(default_factory=deque)
     running: dict[str, int] = field(default_factory=dict)  # device -> the chunk it samples
-    results: dict[int, torch.Tensor] = field(default_factory=dict)
+    results: dict[int, Sampled] = field(default_factory=dict)
     on_devices: int = 0  # chunks the spot devices sampled
     returned: int = 0  # chunks given back to the trainer (a device lost, or holding other weights)
 
@@ -44,33 +49,36 @@ class ValidationShare:
 
     def feed(self) -> None:
         """Controller thread: take the devices' answers, give every idle device holding the weights a chunk."""
-        for result in [r for r in self.finished if r.phase == "eval"]:
+        for result in [r for r in self.finished if r.phase == self.phase]:
             self.finished.remove(result)
             index = self.running.pop(result.device_id, None)
-            if index is None:
+            if index is None:  # not one of this job's chunks (none is expected)
                 continue
             answer = None if result.call is None else result.call.result
             if answer is None:  # lost, or it held other weights: the trainer samples it next
                 self.pending.appendleft(index)
                 self.returned += 1
             else:
-                self.results[index] = answer[0][:, -1]
+                self.results[index] = answer
                 self.on_devices += 1
         for device in self.pool.devices(version=self.version, state="idle"):
             if not self.pending:
                 return
             index = self.pending.pop()
             self.running[device] = index
-            self.pool.call(device, "eval", "sample", *self.chunks[index], self.plan, self.version, False)
+            self.pool.call(device, self.phase, "sample", *self.chunks[index], self.plan, self.version, self.record)
 
     def take(self) -> int | None:
         """The trainer's next chunk (from the front), None when none is left to start."""
         return self.pending.popleft() if self.pending else None
 
+    def complete(self) -> bool:
+        return len(self.results) == len(self.chunks)
+
     def settled(self) -> bool:
         """Every chunk has its samples, or one came back for the trainer."""
-        return len(self.results) == len(self.chunks) or bool(self.pending)
+        return self.complete() or bool(self.pending)
 
-    def latents(self) -> torch.Tensor:
-        """The final latents of every row, in order."""
-        return torch.cat([self.results[index] for index in range(len(self.chunks))])
+    def ordered(self) -> list[Sampled]:
+        """Every chunk's (latents, log_probs), in order."""
+        return [self.results[index] for index in range(len(self.chunks))]

@@ -25,7 +25,8 @@ PREEMPTION_STYLE = {  # event kind -> (colour, line style, legend label)
     "node_removed": ("tab:red", "-", "node removed"),
     "node_added": ("tab:green", ":", "node added"),
 }
-PHASE_COLOURS = {"train": "tab:blue", "explore": "tab:purple", "rollout": "tab:cyan", "eval": "tab:gray"}
+PHASE_COLOURS = {"train": "tab:blue", "explore": "tab:purple", "rollout": "tab:cyan", "eval": "tab:gray",
+                 "broadcast": "tab:olive"}
 
 
 @dataclass
@@ -264,8 +265,69 @@ def utilisation_timeline(runs: list[Run]) -> Panel:
     return Panel("utilisation", title, _png(figure), _missing_note(runs, drawn, "events.jsonl or util/spot"))
 
 
+# What a held spot device did (spotlight/runtime/spot/usage.py SPOT_ACTIVITIES, IDLE_WHILE), as the report names it.
+SPOT_ACTIVITY_LABELS = {"rollout": "rollout share", "explore": "exploring", "eval": "validation share",
+                        "weights": "loading weights", "starting": "starting", "idle": "waiting for work"}
+SPOT_ACTIVITY_COLOURS = {"rollout": "tab:cyan", "explore": "tab:purple", "eval": "tab:gray", "weights": "tab:olive",
+                         "starting": "tab:orange", "idle": "whitesmoke"}
+IDLE_WHILE_LABELS = {"validation": "validation, checkpoints", "seeds": "handing out weights, seeds",
+                     "rollout": "rollout, scoring", "train": "training", "close": "closing the round"}
+IDLE_WHILE_COLOURS = ("tab:blue", "tab:green", "tab:red", "tab:brown", "tab:pink")
+
+
+def _weighted(run: Run, key: str) -> float | None:
+    """The run's share of spot held time in ``key`` from its iterations, each weighed by its held device-seconds."""
+    pairs = [(row.get(key), row.get("util/spot_window_held_s")) for row in run.rows]
+    pairs = [(float(v), float(w)) for v, w in pairs if isinstance(v, (int, float)) and isinstance(w, (int, float))
+             and w > 0 and v == v]
+    held = sum(w for _, w in pairs)
+    return sum(v * w for v, w in pairs) / held if held > 0 else None
+
+
+def _total(run: Run, key: str) -> float | None:
+    """The run's total from summary.json; a run without one (still going) from its iterations."""
+    value = run.totals.get(key)
+    return float(value) if isinstance(value, (int, float)) and value == value else _weighted(run, key)
+
+
+def spot_time(runs: list[Run]) -> Panel:
+    """Per run, the spot devices' held time by activity (summary.json, else the iterations), and its waiting for
+    work split by what the trainer was doing meanwhile (the iterations, weighed by held time)."""
+    title = "Spot held time by activity, and waiting for work by what the trainer did"
+    shares = {run.name: {activity: _total(run, f"util/spot_{activity}") for activity in SPOT_ACTIVITY_LABELS}
+              for run in runs}
+    drawn = [run for run in runs if any(v is not None for v in shares[run.name].values())]
+    if not drawn:
+        return Panel("spot-time", title, None, f"{NOT_LOGGED}: no run logs util/spot_<activity> (Ray runs do)")
+    figure = Figure(figsize=(9, 0.9 + 0.9 * len(drawn)), layout="constrained")
+    ax = figure.subplots()
+    labels, seen = [], set()
+    for row, run in enumerate(drawn):
+        bars = [(f"{SPOT_ACTIVITY_LABELS[a]}", shares[run.name][a] or 0.0, SPOT_ACTIVITY_COLOURS[a])
+                for a in SPOT_ACTIVITY_LABELS]
+        idle = [(f"waiting: {label}", _weighted(run, f"util/spot_idle_{phase}") or 0.0, colour)
+                for (phase, label), colour in zip(IDLE_WHILE_LABELS.items(), IDLE_WHILE_COLOURS, strict=True)]
+        for y, segments in ((2 * row, bars), (2 * row + 1, idle)):
+            left = 0.0
+            for label, width, colour in segments:
+                ax.barh(y, width, left=left, color=colour, edgecolor="black", linewidth=0.4,
+                        label=None if label in seen else label)
+                seen.add(label)
+                if width >= 0.06:
+                    ax.text(left + width / 2, y, f"{width:.2f}", ha="center", va="center", fontsize=7)
+                left += width
+        labels += [f"{run.name}: held time", f"{run.name}: waiting, by trainer phase"]
+    ax.set_yticks(range(len(labels)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("share of spot held device-seconds")
+    figure.legend(fontsize=7, loc="outside lower center", ncol=4, frameon=False)
+    return Panel("spot-time", title, _png(figure), _missing_note(runs, {run.name for run in drawn},
+                                                                 "util/spot_<activity>"))
+
+
 def all_panels(runs: list[Run]) -> list[Panel]:
     """Every plot of the report, in page order."""
     return [accuracy_vs_wall_time(runs), accuracy_vs_cost(runs), reward_variance(runs), reward_terms(runs),
-            utilisation_timeline(runs),
+            utilisation_timeline(runs), spot_time(runs),
             planner_decisions(runs), kendall_tau(runs)]

@@ -18,7 +18,7 @@ import pytest
 import ray
 import torch
 
-from spotlight.backends.ray_validation import ValidationShare
+from spotlight.backends.ray_share import SampleShare
 from spotlight.config import TrainConfig, parse_config
 from spotlight.loop.evaluation import EvalResult, evaluate
 from spotlight.loop.rollout import rollout_plan
@@ -61,7 +61,7 @@ def kill_the_device_once_it_samples(trainer: Trainer, killed: list[str]) -> None
     while time.monotonic() < deadline:
         with cluster.lock:
             share = getattr(cluster.feed, "__self__", None)
-            running = dict(share.running) if isinstance(share, ValidationShare) else {}
+            running = dict(share.running) if isinstance(share, SampleShare) else {}
             if running:
                 device = next(iter(running))
                 ray.kill(cluster.pool._devices[device].handle, no_restart=True)

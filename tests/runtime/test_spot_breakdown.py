@@ -82,6 +82,7 @@ def test_each_iteration_and_the_summary_break_held_time_down_to_fractions_summin
         assert sum(record[f"util/spot_idle_{phase}"] for phase in IDLE_WHILE) == pytest.approx(record["util/spot_idle"])
     # iteration 2 holds 16 device-seconds (12-20 spot-0, 22-30 spot-1): spot-0 idles 17-19.5 (1 s while seeds are
     # chosen, 1.5 s in the rollout), spot-1 starts 22-25, idles 25.5-26 in training and 29.5-30 closing the round
+    assert record["util/spot_window_held_s"] == pytest.approx(16.0)
     assert record["util/spot_eval"] == pytest.approx(5.0 / 16.0)
     assert record["util/spot_starting"] == pytest.approx(3.0 / 16.0)
     assert record["util/spot_idle_seeds"] == pytest.approx(1.0 / 16.0)
@@ -91,7 +92,7 @@ def test_each_iteration_and_the_summary_break_held_time_down_to_fractions_summin
     assert record["util/spot_idle_validation"] == 0.0
     totals = run_totals(ledger, events, "spotlight", 30.0)
     assert sum(totals[f"util/spot_{activity}"] for activity in SPOT_ACTIVITIES) == pytest.approx(1.0)
-    assert sum(totals[f"util/spot_{activity}_s"] for activity in SPOT_ACTIVITIES) == pytest.approx(28.0)
+    assert sum(totals["spot_activity_s"].values()) == pytest.approx(28.0)
     assert totals["util/spot"] == pytest.approx(18.5 / 28.0)
     assert totals["util/spot_idle"] == pytest.approx(6.5 / 28.0)
 

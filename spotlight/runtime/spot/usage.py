@@ -40,7 +40,7 @@ class IterationMarks:
 
 def spot_breakdown(ledger: DeviceLedger, t0: float, t1: float) -> dict[str, float]:
     """``util/spot_<activity>``: each activity's share of the spot pool's held time in [t0, t1) (they sum to 1;
-    NaN when nothing was held), with the held device-seconds they divide (``util/spot_held_window_s``)."""
+    NaN when nothing was held)."""
     seconds = ledger.activity_s("spot", t0, t1)
     held = sum(seconds.values())
     out = {f"util/spot_{activity}": seconds.get(activity, 0.0) / held if held > 0 else math.nan
@@ -63,7 +63,8 @@ def iteration_usage(ledger: DeviceLedger, events: EventLog, marks: IterationMark
     The breakdown ``util/spot_<activity>`` (`SPOT_ACTIVITIES`) covers the iteration's whole window, from the
     end of the previous iteration (so the validation and checkpoint before it are in) to its end; its busy
     activities add up to ``util/spot``, which measures the same window. ``util/spot_idle_<phase>``
-    (`IDLE_WHILE`) splits the waiting for work by what the trainer did meanwhile.
+    (`IDLE_WHILE`) splits the waiting for work by what the trainer did meanwhile; ``util/spot_window_held_s`` is
+    the held device-seconds they divide, to weigh iterations by.
     """
     window = (marks.previous_end, marks.ended)
     phases = dict(zip(IDLE_WHILE, zip((marks.previous_end, marks.started, marks.rollout_started, marks.rollout_ended,
@@ -72,7 +73,7 @@ def iteration_usage(ledger: DeviceLedger, events: EventLog, marks: IterationMark
     held = ledger.held_s("spot", *window)
     idle_while = {f"util/spot_idle_{phase}": (ledger.activity_s("spot", start, end)["idle"] / held if held > 0
                                               else math.nan) for phase, (start, end) in phases.items()}
-    return {**spot_breakdown(ledger, *window), **idle_while,
+    return {**spot_breakdown(ledger, *window), **idle_while, "util/spot_window_held_s": held,
         "time/rollout_s": marks.rollout_ended - marks.rollout_started,
         "time/explore_wait_s": marks.ended - marks.train_ended,
         "time/seeds_s": marks.rollout_started - marks.started,
@@ -99,6 +100,8 @@ def run_totals(ledger: DeviceLedger, events: EventLog, mode: str, end: float) ->
     ``util/spot`` is busy over held device-seconds: what the spot devices did with the time they were
     billed for. ``util/spot_held_fraction`` beside it is how much of the run they were held (against the
     most spot devices held at once), so a device that was gone is not read as one that idled.
+    ``util/spot_<activity>`` breaks the held time down by what the devices did (`spot_breakdown`), and
+    ``spot_activity_s`` gives the same in device-seconds.
     """
     trips = [row for row in events.rows if row["kind"] == "pull_round_trip"]
     return {
@@ -109,9 +112,10 @@ def run_totals(ledger: DeviceLedger, events: EventLog, mode: str, end: float) ->
         "util/spot": ledger.utilisation("spot", 0.0, end),
         "util/spot_held_fraction": ledger.held_fraction("spot", 0.0, end),
         "util/spot_held_s": ledger.held_s("spot", 0.0, end), "util/spot_busy_s": ledger.busy_s("spot", 0.0, end),
-        "util/compute_share": ledger.compute_share(), "util/compute_share_spot": ledger.compute_share("spot"),
         **spot_breakdown(ledger, 0.0, end),
-        **{f"util/spot_{activity}_s": value for activity, value in ledger.activity_s("spot", 0.0, end).items()},
+        "spot_activity_s": {activity: ledger.activity_s("spot", 0.0, end).get(activity, 0.0)
+                            for activity in SPOT_ACTIVITIES},
+        "util/compute_share": ledger.compute_share(), "util/compute_share_spot": ledger.compute_share("spot"),
         "preemption_notices": events.count("preemption_notice"),
         "nodes_removed": events.count("node_removed"), "nodes_added": events.count("node_added"),
         "queue/pull_round_trip_ms": 1e3 * float(np.mean([t["mean_s"] for t in trips])) if trips else math.nan,
