@@ -164,12 +164,12 @@ def train(
 ) -> None:
     """Post-train the base model (the help text is written from the code's lists: cli_help.TRAIN_HELP)."""
     cfg = load_config(TrainConfig, config, [*(set_ or []), *([f"runtime.address={address}"] if address else [])])
+    from spotlight.loop.text_encoders import plan_text_encoders
     from spotlight.models.pipelines.memory_estimate import (
         cuda_memory_bytes,
         run_memory_estimate,
         with_estimated_micro_batch,
     )
-    from spotlight.models.pipelines.text_encoder_plan import plan_text_encoders
     from spotlight.trainer import train as run_train
 
     estimate = run_memory_estimate(cfg)  # a pipeline folder's needs, read before any weight loads

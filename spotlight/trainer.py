@@ -64,9 +64,9 @@ from spotlight.loop.policy_versions import PolicyVersions
 from spotlight.loop.rollout import Rollout, rollout_plan, score_rollout
 from spotlight.loop.seed_choice import Exploration
 from spotlight.loop.streams import Stream, iteration_generator, iteration_prompts
+from spotlight.loop.text_encoders import place_text_encoders
 from spotlight.models.loop_model import LoopModel
 from spotlight.models.pipelines.memory_estimate import out_of_memory_message, with_estimated_micro_batch
-from spotlight.models.pipelines.text_encoder_plan import place_text_encoders
 from spotlight.models.weight_payload import pack_weights
 from spotlight.ranks.group import TrainerRanks
 from spotlight.ranks.rollout import score_share

@@ -66,7 +66,7 @@ class PolicySection(Section):
     # the adapter math bit for bit); a merged forward differs from the adapter's by rounding
     merge_lora: bool | None = None
     compile: bool = False  # torch.compile each transformer block (first iteration slower, the rest faster)
-    # pretrained: where the text encoders live (spotlight/models/pipelines/text_encoder_plan.py): resident on the
+    # pretrained: where the text encoders live (spotlight/loop/text_encoders.py): resident on the
     # device all run, or precompute every prompt before the loop and send them away; auto: resident when the
     # memory estimate with them held fits, else precompute. Either way none moves inside the loop
     text_encoders: Literal["auto", "resident", "precompute"] = "auto"

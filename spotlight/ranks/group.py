@@ -45,7 +45,7 @@ import torch.distributed as dist
 
 from spotlight.components.manifest import write_text_durably
 from spotlight.diffusion.sampler import Trajectory
-from spotlight.models.pipelines.text_encoder_plan import place_text_encoders
+from spotlight.loop.text_encoders import place_text_encoders
 from spotlight.ranks.data_parallel import RankShare, data_parallel
 from spotlight.ranks.mirrored import MirroredVersions
 from spotlight.ranks.placement import PlacementTimeout, placement_error, process_group_backend, rank_placement
@@ -127,8 +127,8 @@ class TrainerRank:
         self.config, self.rank = config, rank
         section = config.train
         self.model = build_policy(config)
-        # its text encoders placed as rank 0's (`text_encoder_plan`): resident, or precompute, whose prompts rank 0
-        # sends with each rollout (`TrainerRanks.rollout`); none moves inside the loop either way
+        # its text encoders placed as rank 0's (`spotlight.loop.text_encoders`): resident, or precompute, whose
+        # prompts rank 0 sends with each rollout (`TrainerRanks.rollout`); none moves inside the loop either way
         place_text_encoders(self.model, config, ())
         self.sharded = config.trainer.sharding == "fsdp"
         self.versions: ShardedVersions | None = None  # fsdp: built once the group exists (`join`)

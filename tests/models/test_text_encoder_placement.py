@@ -2,7 +2,7 @@
 
 Moving T5-XXL + two CLIPs (~10 GB) or Qwen2.5-VL-7B (~17 GB) to the GPU and back whenever an iteration
 brought a new prompt cost more than the iteration. A run now places its encoders once at start
-(``model.text_encoders``, `spotlight.models.pipelines.text_encoder_plan`). This machine has no GPU, so
+(``model.text_encoders``, `spotlight.loop.text_encoders`). This machine has no GPU, so
 the tests watch what would cross on one: every ``.to()`` call on an encoder module (``nn.Module.to``,
 which a pipeline's ``.to`` goes through), each encoder parameter's storage, and, under ``precompute``,
 every forward of an encoder. A real tiny SD3 run trains three iterations on the CPU with every ``Trainer``
@@ -19,9 +19,9 @@ import torch
 from transformers import PreTrainedModel
 
 from spotlight.config import TrainConfig, load_config
+from spotlight.loop.text_encoders import plan_text_encoders, resident_bytes
 from spotlight.models.pipelines.memory_estimate import GIB, run_memory_estimate
 from spotlight.models.pipelines.prompts import PromptCache
-from spotlight.models.pipelines.text_encoder_plan import plan_text_encoders, resident_bytes
 from spotlight.trainer import Trainer
 
 SMALL = ["rollout.resolution=32", "rollout.prompts_per_iteration=2", "rollout.group_size=2", "rollout.num_steps=2",

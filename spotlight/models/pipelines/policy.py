@@ -104,7 +104,7 @@ class PipelinePolicy(DiffusersPolicy):
             self.prompts.adopt(conditioning)
 
     def place_text_encoders(self, placement: str, prompts: Sequence[str] = ()) -> None:
-        """Where the text encoders live for the run (`spotlight.models.pipelines.text_encoder_plan`): ``resident``
+        """Where the text encoders live for the run (`spotlight.loop.text_encoders`): ``resident``
         (on the transformer's device from now on) or ``precompute`` (``prompts``, every prompt the run will see,
         encoded now in batches; the encoders then leave the device for good). The negative prompt of true CFG
         is one of them. Call it once, before the loop."""

@@ -12,7 +12,7 @@ never encoded is refused in one line rather than looked up wrong.
 Where the text encoders live (`PromptCache.placement`). The encoders are large (T5-XXL + two CLIPs
 ~10 GB, Qwen2.5-VL-7B ~17 GB in bfloat16): moving them to the GPU and back whenever an iteration brings
 a prompt not yet cached costs more than the iteration's sampling. A training run therefore chooses one
-of two placements at start (`spotlight.models.pipelines.text_encoder_plan`), after which no encoder
+of two placements at start (`spotlight.loop.text_encoders`), after which no encoder
 weight crosses between host and device inside the loop:
 
 - ``resident``: the encoders go to the device once and stay; an iteration's new prompts are encoded
@@ -365,6 +365,8 @@ def bind_prompts(model: torch.nn.Module, tokens: torch.Tensor) -> Any:
     if bind is not None:
         return bind(tokens)
     device = next(policy.parameters()).device
+    if not isinstance(tokens, torch.Tensor):  # PromptEmbeddings a caller encoded itself
+        return tokens.to(device=device)
     return tokens if _same_device(tokens.device, device) else to_device(tokens, device)
 
 
