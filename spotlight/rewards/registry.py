@@ -68,7 +68,9 @@ def build_named(name: str, section: RewardSection, task_default: TaskReward | No
         from spotlight.rewards.function import FunctionReward
 
         return DeadlineReward(FunctionReward(name), section.deadline_s, section.retries)
-    return _BUILDERS[name](section)
+    from spotlight.rewards.video import per_frame
+
+    return per_frame(_BUILDERS[name](section), section.frames)  # a video's frames, one by one (rewards/video.py)
 
 
 def _shapes(section: RewardSection) -> Reward:
@@ -108,8 +110,14 @@ def _clipscore(section: RewardSection) -> Reward:
     return CLIPScoreReward.from_folder(section.models.clip, section.model_device, section.batch_size)
 
 
+def _temporal() -> Reward:
+    from spotlight.rewards.video import TemporalConsistency
+
+    return TemporalConsistency()
+
+
 _BUILDERS: dict[str, Callable[[RewardSection], Reward]] = {
     "shapes": _shapes, "ocr-line": _ocr_line, "ocr": _ocr_scene, "geneval": _geneval,
-    "pickscore": _pickscore, "clipscore": _clipscore,
+    "pickscore": _pickscore, "clipscore": _clipscore, "temporal": lambda section: _temporal(),
 }
 assert set(_BUILDERS) == set(BUILTIN_REWARDS), "every documented built-in reward has a builder"

@@ -24,6 +24,7 @@ BUILTIN_REWARDS: dict[str, str] = {
     "geneval": "GenEval's rules over an instance-segmentation detector and CLIP colours (needs metadata)",
     "pickscore": "PickScore (a CLIP fine-tuned on Pick-a-Pic preferences)",
     "clipscore": "CLIPScore (Hessel et al. 2021): 2.5 * max(cos, 0) with 'A photo depicts '",
+    "temporal": "videos: 1 - the mean absolute change between consecutive frames (images score 1)",
 }
 FUNCTION_NAME = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
@@ -72,6 +73,8 @@ class RewardSection(Section):
     # where model-based rewards run: cpu, cuda, cuda:1; null: the policy's device (a training config's `device`)
     device: str | None = None
     batch_size: int = Field(32, ge=1)  # images per forward pass of a model-based reward
+    # videos (a Wan folder): a built-in image reward scores every frame; a video's reward is their mean or min
+    frames: Literal["mean", "min"] = "mean"
     models: RewardModelsSection = RewardModelsSection()
     # the OCR reward's pool of threads reading images in parallel (null: the cores this process may use, less one)
     workers: int | None = Field(None, ge=1)
