@@ -111,3 +111,31 @@ def test_train_refuses_a_class_the_installed_library_lacks_in_one_line(tiny_pipe
     line = _one_line(runner.invoke(app, ["train", *SMALL_RUN, "-s", f"model.pretrained={_unknown_text_encoder(folder)}",
                                          "-s", "iterations=1", "-s", f"run_dir={tmp_path / 'run'}"]))
     assert "transformers.CLIPTextModelWithTelepathy" in line and "transformers>=99.0.0" in line
+
+
+def test_plan_reads_a_key_a_config_leaves_out_as_its_class_default(tmp_path: Path, monkeypatch) -> None:
+    """SD3.5-Medium's published configs without every key whose value is the diffusers class's default
+    (in_channels, patch_size, sample_size, ... ; the VAE's and scheduler's too) count the same."""
+    from spotlight.models.pipelines.folder_defaults import CLASS_DEFAULTS
+    from spotlight.sim.planning.model_folders import model_folder
+
+    monkeypatch.setenv("SPOTLIGHT_CACHE_DIR", str(tmp_path / "cache"))
+    folder = tmp_path / "sparse"
+    shutil.copytree(model_folder("sd3.5-medium"), folder)
+    dropped = []
+    for path in [*folder.glob("*/config.json"), folder / "scheduler" / "scheduler_config.json"]:
+        config = json.loads(path.read_text())
+        defaults = CLASS_DEFAULTS.get(config.get("_class_name", ""), {})
+        dropped += [key for key, value in config.items() if defaults.get(key, object()) == value]
+        path.write_text(json.dumps({key: value for key, value in config.items()
+                                    if defaults.get(key, object()) != value}))
+    assert {"in_channels", "patch_size", "sample_size", "num_train_timesteps"} <= set(dropped)
+    arguments = ["plan", "24", "--json", "-s", "rollout.resolution=512"]
+    expected = runner.invoke(app, [*arguments, "-s", "model.pretrained=sd3.5-medium"])
+    got = runner.invoke(app, [*arguments, "-s", f"model.pretrained={folder}"])
+    assert got.exit_code == 0, got.output
+    expected_plan, got_plan = json.loads(expected.stdout), json.loads(got.stdout)
+    for plan in (expected_plan, got_plan):
+        plan["workload"].pop("from")
+    assert got_plan["workload"] == expected_plan["workload"]
+    assert got_plan["per_gpu"] == expected_plan["per_gpu"]
