@@ -60,6 +60,7 @@ def settings(run_dir: Path, trace: str | None, iterations: int) -> dict[str, Any
         "runtime": {"num_spot_devices": NUM_NODES, "trace": trace, "time_scale": 1.0, "grace_s": 0.5,
                     "max_wall_s": None, "explore_wait_s": 300.0, "node_timeout_s": 240.0, "lease_timeout_s": 5.0,
                     "worker_capacity": 16, "forward_batch": 8, "complete_rounds": True,
+                    "compact_queue_log": False,  # the audit below reads every request's records from the log
                     "planner": {"num_candidates": [12], "num_steps": [3], "budget_fraction": 1.0}},
     }
 

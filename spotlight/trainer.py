@@ -42,7 +42,7 @@ import torch
 
 from spotlight.backends import TrainerView, check_backend, open_backend
 from spotlight.backends.disaggregated_stream import GroupStream
-from spotlight.components.checkpoint import latest_checkpoint, load_model_state, load_training_state, replace_model
+from spotlight.components.checkpoint import latest_checkpoint, load_training_state, replace_model
 from spotlight.components.fingerprint import record_model
 from spotlight.components.guard import GuardVerdict, RunGuard
 from spotlight.components.manifest import write_text_durably
@@ -60,6 +60,7 @@ from spotlight.explore.planner import ExplorationPlanner, PlannerSection
 from spotlight.explore.staleness import StalenessMonitor
 from spotlight.loop.base_policy import build_policy
 from spotlight.loop.evaluation import describe_score, evaluate, validated, validation_score, validation_subset
+from spotlight.loop.guard_actions import act_on_verdict
 from spotlight.loop.policy_versions import PolicyVersions
 from spotlight.loop.rollout import Rollout, rollout_plan, score_rollout
 from spotlight.loop.seed_choice import Exploration
@@ -78,6 +79,7 @@ from spotlight.rl.rollout_update import build_optimizer, rollout_update
 from spotlight.run_error import RunError
 from spotlight.task_presets import get_task, task_of
 from spotlight.tracking import TrackerHub, check_trackers
+from spotlight.tracking.loop_hooks import final_summary, grid_caption, open_trackers
 
 __all__ = ["RunError", "RunSummary", "Trainer", "build_optimizer", "describe_score", "planner_config", "train"]
 
@@ -153,7 +155,7 @@ class Trainer:
                     else:
                         self.versions.start()
             # last: nothing after it can fail the start, so a failed start leaves no tracker run behind
-            self.trackers = self._open_trackers(resume)
+            self.trackers = open_trackers(config, self.run_dir, resume, self.start_iteration)
         except BaseException:
             try:  # a start that fails half-way (a rank that dies restoring, a checkpoint it cannot read) leaves no Ray
                 if getattr(self, "ranks", None) is not None:
@@ -163,14 +165,6 @@ class Trainer:
             finally:
                 self._lock.release()
             raise
-
-    def _open_trackers(self, resume: bool) -> TrackerHub | None:
-        """The run's experiment trackers (`log.trackers`), fed from a background thread; None without any."""
-        if not self.config.log.trackers:
-            return None
-        first_step = self.start_iteration + 1 if resume else 0  # a resumed run logs from its checkpoint on
-        return TrackerHub(self.config.log, self.run_dir, self.config.model_dump(mode="json"),
-                          (self.run_dir / "config.yaml").read_text(), first_step, self.config.device)
 
     def _setup(self, config: TrainConfig, reward: Reward | None, resume: bool) -> None:
         task = get_task(config.task)
@@ -356,62 +350,17 @@ class Trainer:
                 if self.ranks is not None:
                     self.ranks.close()
                 self.backend.close()  # a Ray run's totals (summary.json) are written now, for the trackers
-                self._close_trackers()
+                if self.trackers is not None:  # the final summary, then the trackers' runs closed
+                    self.trackers.finish(final_summary(self.run_dir, self.history, self.stopped))
+                    self.trackers.close()
             finally:
                 self._lock.release()
         validation = validated(self.history)
         return RunSummary(run_dir=self.run_dir, history=self.history, validation=validation, stopped=self.stopped)
 
-    def _close_trackers(self) -> None:
-        """The final summary (best and final validation, summary.json's totals) to the trackers; then close them."""
-        if self.trackers is None:
-            return
-        summary: dict[str, Any] = {}
-        totals = self.run_dir / "summary.json"
-        if totals.is_file():
-            summary.update(json.loads(totals.read_text()))
-        runs = validated(self.history)
-        if runs:
-            best = max(runs, key=validation_score)
-            summary.update({"best/iteration": best["iteration"], "best/score": validation_score(best),
-                            "final/iteration": runs[-1]["iteration"], "final/score": validation_score(runs[-1])})
-        if self.stopped is not None:
-            summary["stopped"] = self.stopped
-        self.trackers.finish(summary)
-        self.trackers.close()
-
     def act_on(self, verdict: GuardVerdict) -> None:
-        """A dying run (the guard's verdict): roll back to ``checkpoints/best`` at a lower learning rate, or stop.
-
-        Both put the best validated weights (the EMA's, which ``best`` holds) back into the policy,
-        its sampling policy, θ_{i-1} and the EMA: a run that stops because it is dying ends with its
-        best model, not the dying one, as its final model, its last checkpoint and what the final
-        validation measures (as early stopping restores the best weights). A rollback then goes on at
-        the learning rate times ``guard.rollback_lr_factor``, with the optimizer's moments, which were
-        built on the dying run, cleared. Either way one line says what happened, when, and where the
-        best model is.
-        """
-        best_dir = self.run_dir / "checkpoints" / "best"
-        best = max(validated(self.history), key=validation_score)
-        where = f"the best model ({describe_score(best)} at iteration {best['iteration']}) is {best_dir}"
-        state = load_model_state(best_dir)
-        self.versions.reset_to(state)
-        if verdict.action == "stop":
-            self.stopped = (f"guard: stopped at iteration {verdict.iteration}: {verdict.reason}; {where}, "
-                            "and it is also the final model.")
-            logger.info(self.stopped)  # the terminal gets it once, under the summary table
-            return
-        factor = self.config.guard.rollback_lr_factor
-        for group in self.optimizer.param_groups:
-            group["lr"] *= factor
-        self.optimizer.state.clear()
-        if self.ranks is not None:
-            self.ranks.synchronise()
-        self.guard.rolled_back()
-        learning_rate = self.optimizer.param_groups[0]["lr"]
-        logger.warning(f"guard: iteration {verdict.iteration}: {verdict.reason}; rolled back to {best_dir} "
-                       f"(iteration {best['iteration']}, {describe_score(best)}) "
-                       f"with learning rate {learning_rate:.3g}")
+        """Roll back to ``checkpoints/best``, or stop with it as the final model (`act_on_verdict`)."""
+        act_on_verdict(self, verdict)
 
     def iteration(self, iteration: int) -> dict[str, Any]:
         """One iteration in every mode: seeds → rollout → reward, advantages → update → EMA. Its metrics (i + 1)."""
@@ -519,17 +468,6 @@ class Trainer:
             self.trackers.log(record["iteration"], record)
         if on_iteration is not None:
             on_iteration(record["iteration"], record)
-
-
-def grid_caption(result: Any, shown: list[int], columns: int) -> str:
-    """A validation grid's caption: each row's prompt and its samples' rewards, as a tracker shows it."""
-    rows = []
-    for first in range(0, len(shown), columns):
-        row = shown[first:first + columns]
-        rewards = "" if result.rewards is None else \
-            " (" + ", ".join(f"{float(result.rewards[i]):.3f}" for i in row) + ")"
-        rows.append(f"{result.prompts[row[0]]}{rewards}")
-    return "; ".join(rows)
 
 
 def train(config: TrainConfig, resume: bool = False, reward: Reward | None = None,

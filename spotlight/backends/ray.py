@@ -252,7 +252,7 @@ class RayBackend:
         """
         cluster = self.cluster
         self.validations += 1
-        version = -self.validations
+        version = -1 - self.validations  # -1 is a device's before it holds any weights
         chunks = [(prompts[rows], seeds[rows]) for rows in validation_chunks(len(prompts))]
         with cluster.lock:
             helpers = self.mode.rents_spot and bool(cluster.pool.devices())
@@ -309,10 +309,11 @@ class RayBackend:
         outcome: the seeds it chose for the next iteration, and the prompts the staleness monitor
         re-scores in the next round. Both come from requests done with θ_i, which a resumed run no
         longer has, so they are kept rather than requested again; nothing is ever explored twice.
-        The queue's write-ahead log is compacted now too (`DurableQueue.compact`): with no round open it
+        The queue's write-ahead log is compacted now too (`DurableQueue.compact`; ``runtime.compact_queue_log``): with no round open it
         shrinks to the counters, so it stays bounded by the work in flight however long the run.
         """
-        ray.get(self.cluster.queue.compact.remote())
+        if self.config.runtime.compact_queue_log:
+            ray.get(self.cluster.queue.compact.remote())
         return {"explored": None if self.explored is None else explored_state(self.explored),
                 "monitor": None if self.monitor_round is None else monitor_state(self.monitor_round)}
 

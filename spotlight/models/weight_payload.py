@@ -242,8 +242,14 @@ def object_store_mb(payload_bytes: int, versions_in_flight: int = VERSIONS_IN_FL
     return math.ceil(payload_bytes * versions_in_flight / 2**20) + margin_mb
 
 
+# What a spot device may take per iteration: above any LoRA of the published models (Qwen-Image's rank-64 LoRA is
+# ~0.4 GB in bf16), far below a whole transformer (SD3.5-M 4.9 GB); a small model fine-tuned in full ships under it.
+SPOT_PAYLOAD_LIMIT_BYTES = 2**30
+
+
 def refuse_full_fine_tune_on_spot(model: Any, spot_devices: int) -> None:
-    """Raise `RunError` (one line, the cost in bytes) for a fully fine-tuned pipeline transformer with spot devices.
+    """Raise `RunError` (one line, the cost in bytes) for a fully fine-tuned pipeline transformer with spot devices
+    whose payload is over `SPOT_PAYLOAD_LIMIT_BYTES`.
 
     Why refused rather than streamed: every iteration each spot device would take the whole transformer
     (SD3.5-M 4.9 GB, Qwen-Image 41 GB in bfloat16; a LoRA is a few hundred MB), every node's object store
@@ -254,10 +260,13 @@ def refuse_full_fine_tune_on_spot(model: Any, spot_devices: int) -> None:
     config = getattr(model, "config", None)
     if spot_devices <= 0 or getattr(config, "finetune", None) != "full":
         return
+    shipped = payload_nbytes(model)
+    if shipped <= SPOT_PAYLOAD_LIMIT_BYTES:  # a small transformer: shipped like a LoRA
+        return
     from spotlight.run_error import RunError
 
-    raise RunError(f"full fine-tune ships {_size(payload_nbytes(model))} per iteration to each spot device; use "
-                   f"LoRA (model.finetune lora) or mode vanilla")
+    raise RunError(f"full fine-tune ships {_size(shipped)} per iteration to each spot device (over the "
+                   f"{_size(SPOT_PAYLOAD_LIMIT_BYTES)} one takes); use LoRA (model.finetune lora) or mode vanilla")
 
 
 def _size(nbytes: int) -> str:

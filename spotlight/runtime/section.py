@@ -65,6 +65,9 @@ class RuntimeSection(Section):
     max_wall_s: float | None = Field(900.0, gt=0)
     stop_grace_s: float = Field(25.0, gt=0)
     lease_timeout_s: float = Field(10.0, gt=0)
+    # compact the queue's write-ahead log at each checkpoint to the work in flight (false: keep every record,
+    # an audit trail of every request that grows with the run, as benchmarks/chaos.py reads)
+    compact_queue_log: bool = True
     worker_capacity: int = Field(32, ge=1)
     forward_batch: int = Field(16, ge=1)
     min_step_s: float = Field(0.0, ge=0)

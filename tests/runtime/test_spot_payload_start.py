@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from spotlight.errors import one_line
+from spotlight.models import weight_payload
 from spotlight.models.pipelines.adapter import DiffusersPolicy
 from spotlight.models.pipelines.family_config import DiffusersPolicyConfig
 from spotlight.models.weight_payload import payload_nbytes
@@ -62,11 +63,14 @@ def test_a_full_fine_tune_with_spot_devices_is_refused_in_one_line(tmp_path: Pat
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     model = policy("full")
     shipped = sum(parameter.numel() for parameter in model.transformer.parameters()) * 2  # bfloat16
+    assert start(model, Mode.SPOTLIGHT, tmp_path, monkeypatch)  # a tiny transformer ships under the limit
+    monkeypatch.setattr(weight_payload, "SPOT_PAYLOAD_LIMIT_BYTES", 1000)  # as if it were SD3.5-M's 4.9 GB
     monkeypatch.setattr(cluster_module, "LocalCluster", lambda **_: pytest.fail("Ray started before the refusal"))
     with pytest.raises(RunError) as refused:
         SpotCluster(RuntimeSection(num_spot_devices=1), Mode.SPOTLIGHT, model, tmp_path, core_of=lambda k: None)
     assert one_line(refused.value) == (f"full fine-tune ships {shipped / 1e6:.1f} MB per iteration to each "
-                                       "spot device; use LoRA (model.finetune lora) or mode vanilla")
+                                       "spot device (over the 0.0 MB one takes); use LoRA (model.finetune lora) "
+                                       "or mode vanilla")
     assert all(parameter.dtype == torch.float32 for parameter in model.transformer.parameters())  # trains in fp32
 
 
