@@ -17,8 +17,10 @@ import pytest
 
 from spotlight.components.checkpoint import latest_checkpoint, load_model, load_training_state
 from spotlight.cores import pinned
-from spotlight.loop.evaluation import evaluate
+from spotlight.loop.evaluation import evaluate, validation_subset
 from spotlight.task_presets import get_task
+
+VAL_PROMPTS = 16  # of the 80: each validation a fifth of the time; the guard reads rollout rewards, not these
 
 
 @pytest.mark.slow
@@ -27,8 +29,8 @@ def test_a_collapsing_run_is_rolled_back_at_a_lower_rate_then_stopped_with_one_l
     overrides = [
         "mode=vanilla", "iterations=40", "runtime.max_wall_s=null", "train.learning_rate=2e-3",
         "rollout.prompts_per_iteration=8", "rollout.group_size=4", "eval.every=2", "eval.seeds_per_prompt=1",
-        "eval.raw_model=false", "guard.window=3", "guard.dead_iterations=3", "guard.max_rollbacks=1",
-        "pin_devices=false", "num_threads=1", f"run_dir={run_dir}",
+        "eval.raw_model=false", f"eval.prompts={VAL_PROMPTS}", "train.num_epochs=1", "guard.window=3",
+        "guard.dead_iterations=3", "guard.max_rollbacks=1", "pin_devices=false", "num_threads=1", f"run_dir={run_dir}",
     ]
     result = subprocess.run([sys.executable, "-m", "spotlight", "train", *(a for o in overrides for a in ("-s", o))],
                             capture_output=True, text=True, timeout=600, cwd=tmp_path,
@@ -55,7 +57,8 @@ def test_a_collapsing_run_is_rolled_back_at_a_lower_rate_then_stopped_with_one_l
     assert records[-1]["guard/action"] == "stop" and records[-1]["val/strict_accuracy"] == peak["val/strict_accuracy"]
     task = get_task("shapes")  # intact: the best model validates exactly as it did when it was kept
     with pinned(None, 1):
-        again = evaluate(load_model(run_dir / "checkpoints" / "best"), task.split()[1], task.make_reward(0.5),
+        again = evaluate(load_model(run_dir / "checkpoints" / "best"), validation_subset(task.split()[1], VAL_PROMPTS),
+                         task.make_reward(0.5),
                          seeds_per_prompt=1, num_steps=10, shift=3.0)
     assert again.strict_accuracy == peak["val/strict_accuracy"]
 
