@@ -122,8 +122,8 @@ class NftGroupLoss:
             for version in versions.unique().tolist():
                 rows = versions == version
                 old_velocity[rows] = self.old_models[version](noisy[rows], sigmas[rows], all_tokens[rows])
-        losses = nft_loss(velocity, old_velocity, noise - x0.repeat(count, 1, 1, 1), r.repeat(count), self.beta,
-                          sigmas, self.weighting)
+        target = noise - x0.repeat(count, *([1] * (x0.ndim - 1)))  # images or videos
+        losses = nft_loss(velocity, old_velocity, target, r.repeat(count), self.beta, sigmas, self.weighting)
         return LossPiece(loss_sum=losses.sum(), rows=losses.shape[0],
                          metric_sums={"loss": float(losses.detach().sum())})
 

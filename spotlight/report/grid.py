@@ -15,8 +15,11 @@ def save_grid(
 ) -> None:
     """Write images (B, 3, H, W) in [0, 1] as rows of ``columns`` images, each row captioned with its prompt.
 
-    Rows are prompt-major: images ``[r*columns, (r+1)*columns)`` share ``prompts[r*columns]``.
+    Rows are prompt-major: images ``[r*columns, (r+1)*columns)`` share ``prompts[r*columns]``. Videos
+    (B, F, 3, H, W) are shown as filmstrips (`filmstrips`).
     """
+    if images.dim() == 5:
+        images = filmstrips(images)
     batch, _, height, width = images.shape
     rows = (batch + columns - 1) // columns
     cell_h, cell_w = height * scale, width * scale
@@ -31,3 +34,15 @@ def save_grid(
             draw.text((4, row * (cell_h + 2) + cell_h // 2 - 6), prompts[index], fill=(230, 230, 230))
     path.parent.mkdir(parents=True, exist_ok=True)
     canvas.save(path)
+
+
+FILMSTRIP_FRAMES = 8
+
+
+def filmstrips(videos: torch.Tensor, frames: int = FILMSTRIP_FRAMES) -> torch.Tensor:
+    """Videos (B, F, 3, H, W) as images (B, 3, H, n W): ``frames`` evenly spaced frames side by side, first
+    and last included, so a grid cell shows how a video moves."""
+    count = videos.shape[1]
+    picked = torch.linspace(0, count - 1, min(frames, count)).round().long()
+    chosen = videos[:, picked]  # (B, n, 3, H, W)
+    return chosen.permute(0, 2, 3, 1, 4).flatten(3)  # frames along the width

@@ -178,7 +178,7 @@ def nft_update(
             repeats = config.nft_timesteps
             on_device = device_shuffle[start:start + len(positions)]
             start += len(positions)
-            x0 = clean.index_select(0, on_device).repeat(repeats, 1, 1, 1)
+            x0 = clean.index_select(0, on_device).repeat(repeats, *([1] * (clean.ndim - 1)))  # images or videos
             tokens = bind_prompts(model, batch.tokens[kept[positions]].repeat(repeats, 1))
             r = r_kept.index_select(0, on_device).repeat(repeats)
             sigma = torch.rand(x0.shape[0], generator=generator, dtype=x0.dtype)
