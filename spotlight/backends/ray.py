@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +30,7 @@ import ray
 import torch
 
 from spotlight.backends.protocol import TrainerView
-from spotlight.backends.ray_share import SampleShare
+from spotlight.backends.ray_share import SampleShare, sample_shared
 from spotlight.backends.ray_top_up import RoundTopUp, candidate_id, keep_complete_top_ups
 from spotlight.diffusion.sampler import SamplingPlan, Trajectory
 from spotlight.explore.candidates import exploration_sampling, score_latents
@@ -199,8 +198,8 @@ class RayBackend:
             here_s, here_rows = here_s + cluster.now() - started, here_rows + len(chunk[0])
             return trajectory.latents, trajectory.log_probs
 
-        ordered = self._share(SampleShare(cluster.pool, cluster.finished, iteration, plan, chunks, "rollout", True),
-                              here)
+        ordered = sample_shared(cluster, SampleShare(cluster.pool, cluster.finished, iteration, plan, chunks,
+                                                     "rollout", True), here)
         if self.view.planner is not None and here_rows:  # a measured cost for the first round (then ignored)
             self.view.planner.observe_prior(here_s / (here_rows * plan.num_steps))
         self.marks.rollout_ended = cluster.now()  # sampled; scoring is billed to the rollout too
@@ -217,8 +216,27 @@ class RayBackend:
         if self.mode is Mode.SPOTLIGHT and iteration + 1 < self.config.iterations:
             self.round_metrics = self._open_round(iteration + 1, iteration, budget_s)
             with cluster.lock:
-                if self.top_up is not None and cluster.elastic is None and not self.config.runtime.complete_rounds:
-                    cluster.feed = self.top_up.feed  # the devices keep exploring P_{i+1} until training ends
+                if cluster.elastic is not None or self.config.runtime.complete_rounds:
+                    return
+                if cluster.round is not None:  # the devices keep exploring P_{i+1} until training ends
+                    cluster.feed = self.top_up.feed
+                elif self.round_metrics.get("planner/spot_devices") == 0:  # none was up: open it when one is
+                    opened_at = cluster.now()
+                    cluster.feed = lambda: self._open_late(iteration, budget_s - (cluster.now() - opened_at))
+
+    def _open_late(self, iteration: int, budget_s: float) -> None:
+        """Controller thread, under the cluster lock: a spot device holding θ_i came up while θ_i trains and no
+        round is open (none was up when training started): open the round exploring P_{i+1} now, sized to what
+        is left of the budget, and top it up from then on. One try: if nothing fits, the devices wait."""
+        cluster = self.cluster
+        if not cluster.pool.devices(version=iteration, state="idle"):
+            return
+        cluster.feed = None
+        if budget_s <= 0:
+            return
+        self.round_metrics = {**self._open_round(iteration + 1, iteration, budget_s), "explore/opened_late": 1.0}
+        if cluster.round is not None:
+            cluster.feed = self.top_up.feed
 
     def training_ended(self, iteration: int) -> dict[str, float]:
         """Bill the training; in spotlight mode, wait for the round; this iteration's usage and cost."""
@@ -227,9 +245,10 @@ class RayBackend:
         cluster.ledger.busy(ON_DEMAND, marks.rollout_ended, marks.train_ended, "train",
                             compute_s=marks.train_ended - marks.rollout_ended)
         topped_up = False
-        if self.top_up is not None:
-            with cluster.lock:  # no block after the update; the planned candidates were done before the first
-                self.top_up.open, cluster.feed = False, None
+        with cluster.lock:  # no late round, no block after the update; the planned candidates were done before
+            cluster.feed = None  # the first block
+            if self.top_up is not None:
+                self.top_up.open = False
                 topped_up = self.top_up.blocks > 0
         if self.mode is Mode.SPOTLIGHT and cluster.round is not None:
             self._close_round(wait=not topped_up)
@@ -267,37 +286,10 @@ class RayBackend:
             trajectory = generate(model, *chunk, plan, record=False)
             return trajectory.latents, trajectory.log_probs
 
-        latents = torch.cat([latents[:, -1] for latents, _ in self._share(share, here)])
+        latents = torch.cat([latents[:, -1] for latents, _ in sample_shared(cluster, share, here)])
         cluster.events.write(cluster.now(), "validation_shared", chunks=len(chunks), on_spot=share.on_devices,
                              returned=share.returned)
         return latents
-
-    def _share(self, share: SampleShare,
-               here: Callable[[tuple[list[str], list[int]]], tuple[torch.Tensor, torch.Tensor]]) -> list[Any]:
-        """Sample ``share``'s chunks here (from the front) while the controller feeds them to the spot devices.
-
-        The trainer takes its first chunk before the devices are fed, so a job of one chunk stays here.
-        Returns every chunk's (latents, log_probs) in order, once each has come back from somewhere.
-        """
-        cluster = self.cluster
-        with cluster.lock:
-            index = share.take()
-            cluster.feed = share.feed
-        try:
-            while True:
-                if index is None:  # the devices hold the rest: wait for them, or for a chunk a lost one gave back
-                    cluster.wait(share.settled)
-                else:
-                    sampled = here(share.chunks[index])
-                    with cluster.lock:
-                        share.results[index] = sampled
-                with cluster.lock:
-                    if share.complete():
-                        return share.ordered()
-                    index = share.take()
-        finally:
-            with cluster.lock:
-                cluster.feed = None
 
     def close(self) -> None:
         self.cluster.close()
@@ -309,8 +301,8 @@ class RayBackend:
         outcome: the seeds it chose for the next iteration, and the prompts the staleness monitor
         re-scores in the next round. Both come from requests done with θ_i, which a resumed run no
         longer has, so they are kept rather than requested again; nothing is ever explored twice.
-        The queue's write-ahead log is compacted now too (`DurableQueue.compact`; ``runtime.compact_queue_log``): with no round open it
-        shrinks to the counters, so it stays bounded by the work in flight however long the run.
+        The queue's write-ahead log is compacted now too (`DurableQueue.compact`; ``runtime.compact_queue_log``):
+        with no round open it shrinks to the counters, so it stays bounded by the work in flight however long the run.
         """
         if self.config.runtime.compact_queue_log:
             ray.get(self.cluster.queue.compact.remote())

@@ -11,14 +11,16 @@ to the front: the trainer samples it next, and nothing is lost.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.runtime.spot.pools import CallResult, SpotPool
 
-__all__ = ["SampleShare"]
+__all__ = ["SampleShare", "sample_shared"]
 
 Sampled = tuple[torch.Tensor, torch.Tensor]  # (latents, log_probs) of a chunk, as `SpotDevice.sample` answers
 
@@ -82,3 +84,30 @@ class SampleShare:
     def ordered(self) -> list[Sampled]:
         """Every chunk's (latents, log_probs), in order."""
         return [self.results[index] for index in range(len(self.chunks))]
+
+
+def sample_shared(cluster: Any, share: SampleShare,
+                  here: Callable[[tuple[list[str], list[int]]], Sampled]) -> list[Sampled]:
+    """Sample ``share``'s chunks with ``here`` (the trainer, from the front) while ``cluster``'s controller thread
+    feeds them to the spot devices (`SpotCluster.feed`); every chunk's (latents, log_probs), in order.
+
+    The trainer takes its first chunk before the devices are fed, so a job of one chunk stays on the trainer.
+    """
+    with cluster.lock:
+        index = share.take()
+        cluster.feed = share.feed
+    try:
+        while True:
+            if index is None:  # the devices hold the rest: wait for them, or for a chunk a lost one gave back
+                cluster.wait(share.settled)
+            else:
+                sampled = here(share.chunks[index])
+                with cluster.lock:
+                    share.results[index] = sampled
+            with cluster.lock:
+                if share.complete():
+                    return share.ordered()
+                index = share.take()
+    finally:
+        with cluster.lock:
+            cluster.feed = None
