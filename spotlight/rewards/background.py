@@ -21,8 +21,10 @@ are the scores `guarded_score` gives that chunk in the trainer's thread (tests/r
 from __future__ import annotations
 
 import contextlib
+import queue
+import threading
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +74,41 @@ def _after(ready: Any, images: torch.Tensor) -> Iterator[None]:
         yield
 
 
+class _DaemonThread:
+    """One daemon thread that runs submitted calls in order, each answered through a `Future`.
+
+    Not a `ThreadPoolExecutor`: the interpreter joins an executor's threads at exit, so a reward call that
+    hangs or sleeps (a stuck reward server, a paced test reward) kept a run that a stop signal had already
+    saved and stopped alive until the call returned. A daemon thread ends with the process.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, call: Any, *args: Any) -> Future:
+        future: Future = Future()
+        self._calls.put((future, call, args))
+        return future
+
+    def _run(self) -> None:
+        while (item := self._calls.get()) is not None:
+            future, call, args = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(call(*args))
+            except BaseException as error:  # handed to the caller, as an executor does
+                future.set_exception(error)
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop after what is queued; with ``wait``, once it has run."""
+        self._calls.put(None)
+        if wait:
+            self._thread.join()
+
+
 class BackgroundReward:
     """``reward`` run on one background thread: `prefetch` queues a chunk, `score` collects (module docstring)."""
 
@@ -80,7 +117,7 @@ class BackgroundReward:
         self.name = reward.name
         self.uses_metadata = bool(getattr(reward, "uses_metadata", False))
         self.requires_metadata = bool(getattr(reward, "requires_metadata", True))
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward")
+        self._thread = _DaemonThread("reward")
         self._prefetched: list[_Chunk] = []
         self.prefetched_used = 0  # batches whose score came from chunks scored during sampling
 
