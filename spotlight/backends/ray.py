@@ -372,8 +372,8 @@ class RayBackend:
                        extra_steps=0 if monitor is None else monitor.plan.num_steps,
                        opened_at=cluster.now(), plan_metrics=plan_metrics)
         self.round_monitor = monitor
-        # The trainer scores every candidate after the update: extras at most double the planned scoring
-        limit = min(2 * plan.num_candidates, max(arm.num_candidates for arm in view.planner.arms))
+        # the trainer scores every candidate after the update: no more than the planner's largest arm would have
+        limit = max(arm.num_candidates for arm in view.planner.arms)
         self.top_up = RoundTopUp.sized(lambda more: ray.get(cluster.queue.submit.remote(more)), round_, seed_stream,
                                        sampling, config.runtime.forward_batch, limit)
         with cluster.lock:

@@ -9,9 +9,10 @@ then picks each group's G seeds from every candidate scored. A block is one forw
 requests. When training ends the trainer does not wait for the block in flight: the planned candidates
 were done before the first block went out, so the round closes at once and the unfinished block is
 cancelled and dropped whole (`keep_complete_top_ups`). The trainer scores every candidate after the
-update, on its own time, so a prompt gets at most ``limit`` candidates in all (the Ray backend: twice the
-planned ones, and no more than the planner's largest arm): extra scoring costs at most what the planned
-candidates' does.
+update, on its own time, so a prompt gets at most ``limit`` candidates in all (the Ray backend: the
+planner's largest arm), what a planned round may score anyway. (Twice the planned candidates was too
+tight: the planner's bandit often picks a small arm, and in a short run the device then idled ~10 s of
+each ~16 s update once the limit was reached.)
 
 The extra seeds continue the round's own candidate stream (`spotlight.loop.streams.Stream.SEEDS` of the
 target iteration, after its planned (P, N) draw), so a run's explored seeds are a function of its config and
