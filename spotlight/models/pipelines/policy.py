@@ -105,13 +105,13 @@ class PipelinePolicy(DiffusersPolicy):
 
     def place_text_encoders(self, placement: str, prompts: Sequence[str] = ()) -> None:
         """Where the text encoders live for the run (`spotlight.loop.text_encoders`): ``resident``
-        (on the transformer's device from now on) or ``precompute`` (``prompts``, every prompt the run will see,
-        encoded now in batches; the encoders then leave the device for good). The negative prompt of true CFG
-        is one of them. Call it once, before the loop."""
+        (on the transformer's device from now on; prompts are encoded as they come, each call's in batches) or
+        ``precompute`` (``prompts``, every prompt the run will see, encoded now in batches; the encoders then
+        leave the device for good). The negative prompt of true CFG is one of them. Call it once, before the
+        loop."""
         prompts = [*prompts, *([self.config.negative_prompt] if self.true_cfg else [])]
-        if placement == "resident":
+        if placement == "resident":  # each iteration's new prompts are encoded there, in one batch
             self.prompts.keep_resident()
-            self.prompts.ids(prompts)  # whatever is known now is encoded now, in batches
         elif placement == "precompute":
             self.prompts.precompute(prompts)
         else:
