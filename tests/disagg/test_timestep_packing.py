@@ -1,6 +1,9 @@
 """TSP: one packed forward/backward over several timesteps gives the per-timestep gradient, on one process
 and under 2-rank gloo DDP with ``no_sync`` accumulation."""
 
+import os
+import sys
+
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -97,7 +100,15 @@ def test_grpo_packed_gradient_equals_the_per_timestep_gradient():
 
 def ddp_rank(rank: int, store: str, out: str) -> None:
     """One DDP rank: its share of the groups through a LogicalBatchUpdate with no_sync, packed and per
-    timestep; rank 0 saves both gradients."""
+    timestep; rank 0 saves both gradients.
+
+    The rank ends with ``os._exit`` once both ranks are past their last collective. A DDP wrapper keeps
+    its gloo group alive after ``destroy_process_group`` (the group's sockets stay open; without DDP they
+    close), so a normal exit left the group, its worker threads and the reducer's tensors to be torn down
+    during interpreter finalization, where a gloo thread that releases a tensor takes the GIL of a dying
+    interpreter: the process aborts (SIGABRT), now and then. Skipping finalization leaves nothing to race:
+    the gradients are saved and both ranks have passed the barrier.
+    """
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     try:
@@ -124,8 +135,12 @@ def ddp_rank(rank: int, store: str, out: str) -> None:
             results[pack] = gradients(model)
         if rank == 0:
             torch.save(results, out)
+        dist.barrier()  # neither rank leaves while the other may still be in a collective or saving
     finally:
         dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def test_ddp_no_sync_accumulation_with_packing_equals_the_single_process_gradient(tmp_path):
