@@ -7,8 +7,9 @@ tests/test_results_page.py regenerates the page in memory and fails when the fil
     python benchmarks/write_results_page.py            # rewrite docs/results.md and README.md's headline table
     python benchmarks/write_results_page.py --check    # exit 1 when either is stale
 
-Only the standard library is used (a clean clone runs it before `scripts/setup.sh`). A JSON whose
-benchmark has no summary in results_sections.py still gets its provenance and its top-level numbers;
+Only the standard library is used (a clean clone runs it before `scripts/setup.sh`). Each folder's
+``sections.py`` summarises its own benchmarks' JSONs; a JSON whose benchmark has no summary there still
+gets its provenance and its top-level numbers;
 a field a JSON lacks (commit, machine, command) is written as "not recorded", never guessed.
 """
 
@@ -19,9 +20,18 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks.*` imports
 
-from results_sections import SECTIONS, Table, fmt, generic_table, headline, short_commit  # noqa: E402
+from benchmarks.headline import headline  # noqa: E402
+from benchmarks.learning.sections import SECTIONS as LEARNING  # noqa: E402
+from benchmarks.reliability.sections import SECTIONS as RELIABILITY  # noqa: E402
+from benchmarks.rewards.sections import SECTIONS as REWARDS  # noqa: E402
+from benchmarks.runtime.sections import SECTIONS as RUNTIME  # noqa: E402
+from benchmarks.sim.sections import SECTIONS as SIM  # noqa: E402
+from benchmarks.tables import Table, fmt, generic_table, short_commit  # noqa: E402
+
+# Each benchmark's summary, by the name its JSON is filed under (see benchmark_name).
+SECTIONS = {**LEARNING, **SIM, **RUNTIME, **RELIABILITY, **REWARDS}
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"

@@ -15,9 +15,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO))
 
 import simulate_paper_scale as paper  # noqa: E402  (a benchmark program, imported from its folder)
-from results_sections import headline, simulate_paper_scale  # noqa: E402
+
+from benchmarks.headline import headline  # noqa: E402
+from benchmarks.sim.sections import simulate_paper_scale  # noqa: E402
 
 CONFIG = str(REPO / "configs" / "simulate-paper.yaml")
 
