@@ -40,6 +40,13 @@ FAMILY_LORA_TARGETS: dict[str, tuple[str, ...]] = {
             "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0"),
 }
 
+
+
+def lora_targets(family: str, configured: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """The module-name suffixes that get LoRA: ``configured`` (model.lora_target_modules) or the family's defaults."""
+    return configured or FAMILY_LORA_TARGETS.get(family, DEFAULT_LORA_TARGETS)
+
+
 # Random transformers small enough for a CPU test, with every code path of the real architectures:
 # SD3.5's dual-attention block and QK-norm, FLUX's single-stream blocks and guidance embedding.
 TINY_CONFIGS: dict[str, dict[str, Any]] = {
@@ -137,7 +144,7 @@ class DiffusersPolicyConfig(Section):
     @property
     def target_modules(self) -> tuple[str, ...]:
         """The module-name suffixes that get LoRA: the configured ones or the family's defaults."""
-        return self.lora_target_modules or FAMILY_LORA_TARGETS.get(self.family, DEFAULT_LORA_TARGETS)
+        return lora_targets(self.family, self.lora_target_modules)
 
     @property
     def resolved_latent_size(self) -> int:

@@ -136,6 +136,12 @@ class PipelineFolder:
             return (self.latent_channels, self.num_latent_frames(num_frames), height, width)
         return (self.latent_channels, height, width)
 
+    def image_tokens(self, resolution: tuple[int, int], num_frames: int | None = None) -> int:
+        """The transformer's latent tokens per sample: patches of the latent image, or of every latent frame."""
+        height, width = self.latent_size(resolution)
+        frames = self.num_latent_frames(num_frames) if self.is_video else 1
+        return frames * (height // self._patch) * (width // self._patch)
+
     @property
     def default_resolution(self) -> tuple[int, int]:
         """The pipeline's default image size: SD3's transformer sample_size, FLUX's / Qwen-Image's 128 latents,

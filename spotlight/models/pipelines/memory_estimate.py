@@ -108,8 +108,8 @@ def lora_input_features(shapes: Mapping[str, tuple[int, ...]], targets: Iterable
         leaf = module.rsplit(".", 1)[-1]
         if module.startswith("single_transformer_blocks"):
             joint += in_features
-        elif leaf.startswith("add_") or leaf == "to_add_out":
-            text += in_features
+        elif leaf.startswith("add_") or leaf == "to_add_out" or module.endswith(("attn2.to_k", "attn2.to_v")):
+            text += in_features  # (Wan's cross-attention attn2 takes its keys and values from the text)
         else:
             image += in_features
     return image, text, joint
@@ -339,7 +339,7 @@ def run_memory_estimate(config: TrainConfig, micro_batch_size: int | None = None
     None for the toy models (they fit anywhere) and for a folder or resolution that does not fit: the
     run's start-up reports that in its own one line.
     """
-    from spotlight.models.pipelines.family_config import DEFAULT_LORA_TARGETS
+    from spotlight.models.pipelines.family_config import lora_targets
     from spotlight.models.pipelines.folder import PipelineFolderError, read_pipeline_folder
     from spotlight.models.pipelines.prompts import DEFAULT_MAX_SEQUENCE_LENGTH
 
@@ -348,7 +348,8 @@ def run_memory_estimate(config: TrainConfig, micro_batch_size: int | None = None
         return None
     try:
         folder = read_pipeline_folder(section.pretrained)
-        height, width = folder.latent_size(config.rollout.resolution_hw or folder.default_resolution)
+        image_tokens = folder.image_tokens(config.rollout.resolution_hw or folder.default_resolution,
+                                           config.rollout.num_frames)  # a video's: every latent frame's
     except PipelineFolderError:
         return None
     text_tokens = section.max_sequence_length or DEFAULT_MAX_SEQUENCE_LENGTH[folder.family]
@@ -358,14 +359,14 @@ def run_memory_estimate(config: TrainConfig, micro_batch_size: int | None = None
     micro = train.micro_batch_size if micro_batch_size is None else micro_batch_size
     uses_reference = train.kl_beta > 0 if train.algorithm == "flow-grpo" else train.nft_kl_beta > 0
     copies = 1 + (train.ema_decay is not None) + (train.old_policy_decay > 0)
-    sizes = model_sizes(folder.path, section.lora_target_modules or DEFAULT_LORA_TARGETS, section.lora_rank)
+    sizes = model_sizes(folder.path, lora_targets(folder.family, section.lora_target_modules), section.lora_rank)
     samples = config.rollout.prompts_per_iteration * config.rollout.group_size
     guided = config.rollout.guidance_scale > 1  # true CFG doubles the sampling batch (a guidance-distilled FLUX not)
     merged = section.merge_lora if section.merge_lora is not None else config.device == "cuda"
     pixel_height, pixel_width = config.rollout.resolution_hw or folder.default_resolution
     return estimate_training_memory(
         sizes, dtype=config.dtype, finetune=section.finetune, optimizer=train.optimizer, frozen_copies=copies,
-        reference=uses_reference, tokens=height * width // 4 + text_tokens, rows=training_rows(config, micro),
+        reference=uses_reference, tokens=image_tokens + text_tokens, rows=training_rows(config, micro),
         gradient_checkpointing=section.gradient_checkpointing, text_tokens=text_tokens,
         sample_rows=min(samples, GENERATE_CHUNK) * (2 if guided else 1), merged_lora=merged,
         pixels=pixel_height * pixel_width, **fsdp_layout(config))

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from spotlight.models.pipelines.family_config import DEFAULT_LORA_TARGETS
+from spotlight.models.pipelines.family_config import lora_targets
 from spotlight.models.pipelines.folder import PipelineFolder, PipelineFolderError, read_pipeline_folder
 from spotlight.models.pipelines.guidance import uses_true_cfg
 from spotlight.models.pipelines.memory_estimate import (
@@ -272,8 +272,9 @@ def derive_workload(config: RunFields, device: DeviceProfile, prompt_tokens: int
               if folder.family == "qwen-image" else "padded to the pipeline's max_sequence_length")
     lora = None
     if config.model.finetune == "lora":
-        lora = (config.model.lora_rank, config.model.lora_target_modules or DEFAULT_LORA_TARGETS)
-    count = count_forward_flops(folder, resolution, tokens, batch=1, lora=lora, backward=True)
+        lora = (config.model.lora_rank, lora_targets(folder.family, config.model.lora_target_modules))
+    count = count_forward_flops(folder, resolution, tokens, batch=1, lora=lora, backward=True,
+                                num_frames=config.rollout.num_frames)
     assert count.train_flops is not None  # asked for with backward=True
     guided = uses_true_cfg(folder.family, config.rollout.guidance_scale,
                            bool(folder.transformer.get("guidance_embeds", False)))

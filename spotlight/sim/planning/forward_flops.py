@@ -90,7 +90,7 @@ def text_tokens(folder: PipelineFolder, max_sequence_length: int | None, prompt_
     length = max_sequence_length or DEFAULT_MAX_SEQUENCE_LENGTH[folder.family]
     if folder.family == "sd3":
         return CLIP_TOKENS + length
-    if folder.family == "flux":
+    if folder.family in ("flux", "wan"):  # T5 / UMT5 padded to the full length
         return length
     return min(prompt_tokens + QWEN_TEMPLATE_SUFFIX_TOKENS, length)
 
@@ -158,26 +158,28 @@ def _one_block_of_each_kind(model: nn.Module) -> dict[str, tuple[list[nn.Module]
     return kinds
 
 
-def _meta_inputs(folder: PipelineFolder, latent_hw: tuple[int, int], tokens: int, batch: int) -> tuple[Any, ...]:
+def _meta_inputs(folder: PipelineFolder, latent_shape: tuple[int, ...], tokens: int, batch: int) -> tuple[Any, ...]:
     from spotlight.models.pipelines.inputs import PromptEmbeddings
 
     config, meta = folder.transformer, torch.device("meta")
-    latents = torch.zeros(batch, folder.latent_channels, *latent_hw, device=meta)
+    latents = torch.zeros(batch, *latent_shape, device=meta)  # (C, h, w), or a video's (C, f, h, w)
     pooled = None
-    if folder.family != "qwen-image":
+    if "pooled_projection_dim" in config:  # SD3, FLUX
         pooled = torch.zeros(batch, int(config["pooled_projection_dim"]), device=meta)
-    embeds = torch.zeros(batch, tokens, int(config["joint_attention_dim"]), device=meta)
+    width = int(config.get("joint_attention_dim") or config["text_dim"])  # Wan names it text_dim
+    embeds = torch.zeros(batch, tokens, width, device=meta)
     return latents, torch.full((batch,), 0.5, device=meta), PromptEmbeddings(embeds=embeds, pooled=pooled)
 
 
 def count_forward_flops(folder: PipelineFolder, resolution: tuple[int, int], tokens: int, batch: int = 1,
                         lora: LoraShape | None = None, backward: bool = False,
-                        every_block: bool = False) -> ForwardCount:
+                        every_block: bool = False, num_frames: int | None = None) -> ForwardCount:
     """Count one forward of ``batch`` samples at ``resolution`` (pixels, (H, W)) with ``tokens`` text tokens.
 
     ``lora``: (rank, target modules) of a LoRA adapter to count with the base (None: full fine-tuning
     or no adapter). ``backward``: also count a forward and backward (``ForwardCount.train_flops``).
     ``every_block``: run every block instead of one of each kind (slow; what the test compares with).
+    ``num_frames``: a video family's frames per sample (None: its pipeline's default).
     Raises PipelineFolderError (one line) for a resolution the folder cannot take and
     UnknownTransformerError for a transformer class Spotlight does not know. Kept on disk by config and
     arguments (`spotlight.sim.planning.count_cache`), except ``every_block`` counts.
@@ -185,19 +187,22 @@ def count_forward_flops(folder: PipelineFolder, resolution: tuple[int, int], tok
     lora = None if lora is None else (int(lora[0]), tuple(lora[1]))
     size = (int(resolution[0]), int(resolution[1]))
     if every_block:
-        return _count(folder.path, size, tokens, batch, lora, backward, every_block)
-    folder.latent_size(size)  # a resolution the model cannot take fails here, cached or not
+        return _count(folder.path, size, tokens, batch, lora, backward, every_block, num_frames)
+    folder.latent_shape(size, num_frames)  # a resolution (or frame count) the model cannot take fails here
     key = {"transformer": folder.transformer, "family": folder.family, "resolution": size, "tokens": tokens,
            "batch": batch, "lora": lora, "backward": backward}
-    counted = cached("forward", key, lambda: asdict(_count(folder.path, size, tokens, batch, lora, backward, False)))
+    if folder.is_video:
+        key["num_frames"] = num_frames
+    counted = cached("forward", key,
+                     lambda: asdict(_count(folder.path, size, tokens, batch, lora, backward, False, num_frames)))
     return ForwardCount(**{**counted, "lora_inputs": tuple(counted["lora_inputs"])})
 
 
 @functools.lru_cache(maxsize=32)
 def _count(path: Path, resolution: tuple[int, int], tokens: int, batch: int, lora: LoraShape | None,
-           backward: bool, every_block: bool) -> ForwardCount:
+           backward: bool, every_block: bool, num_frames: int | None = None) -> ForwardCount:
     folder = read_pipeline_folder(path)
-    latent_hw = folder.latent_size(resolution)
+    latent_shape = folder.latent_shape(resolution, num_frames)
     model = meta_transformer(folder, lora)
     named = dict(model.named_parameters())
     parameters = sum(p.numel() for name, p in named.items() if ".lora_" not in name)
@@ -206,15 +211,15 @@ def _count(path: Path, resolution: tuple[int, int], tokens: int, batch: int, lor
     lora_inputs = lora_input_features(base_shapes, lora[1]) if lora is not None else (0, 0, 0)
     lora_weights = sum(p.numel() for name, p in named.items() if name.endswith(".base_layer.weight") and p.dim() == 2)
     kinds = {} if every_block else _one_block_of_each_kind(model)
-    inputs = _meta_inputs(folder, latent_hw, tokens, batch)
+    inputs = _meta_inputs(folder, latent_shape, tokens, batch)
     flops = _counted(model, folder, inputs, kinds, train=False)
     train_flops = None
     if backward:
         for name, parameter in model.named_parameters():
             parameter.requires_grad_(lora is None or ".lora_" in name)
         train_flops = _counted(model, folder, inputs, kinds, train=True)
-    height, width = latent_hw
-    return ForwardCount(flops=flops, batch=batch, image_tokens=(height // 2) * (width // 2), text_tokens=tokens,
+    return ForwardCount(flops=flops, batch=batch, image_tokens=folder.image_tokens(resolution, num_frames),
+                        text_tokens=tokens,
                         parameters=parameters, lora_parameters=lora_parameters, train_flops=train_flops,
                         lora_inputs=lora_inputs, lora_weights=lora_weights)
 
