@@ -14,7 +14,7 @@ with a per-frame term through ``reward.weights`` (e.g. ``{pickscore: 1.0, tempor
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -40,6 +40,11 @@ class PerFrameReward:
         self.uses_metadata = uses_metadata(reward)
         self.requires_metadata = bool(getattr(reward, "requires_metadata", True))
         self.has_strict = bool(getattr(reward, "has_strict", True))
+
+    def __getattr__(self, name: str) -> Any:  # anything else callers ask of the reward (image_size, ...)
+        if name == "reward":
+            raise AttributeError(name)
+        return getattr(self.reward, name)
 
     def score(self, images: torch.Tensor, prompts: Sequence[str],
               metadata: Sequence[Metadata] | None = None) -> RewardOutput:
