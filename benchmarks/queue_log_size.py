@@ -27,15 +27,18 @@ from spotlight.runtime.queue.request_queue import Request
 
 PLAN = SamplingPlan(num_steps=7)
 LATENT = (4, 16, 16)
+FORWARD_BATCH = 16  # runtime.forward_batch
 
 
 def exploration_round(queue: DurableQueue, iteration: int, prompts: int, candidates: int) -> None:
     ids = [f"x{iteration}-{p}-{c}" for p in range(prompts) for c in range(candidates)]
     queue.submit([Request(rid, f"prompt {k % prompts}", k, PLAN, iteration) for k, rid in enumerate(ids)])
-    for lease in queue.pull("spot-0", len(ids), iteration):
-        latent = torch.randn(LATENT)
-        queue.commit("spot-0", lease.request.request_id, latent, 3, iteration, keep_lease=True)
-        queue.complete("spot-0", lease.request.request_id, latent, iteration)
+    leases = queue.pull("spot-0", len(ids), iteration)
+    for first in range(0, len(leases), FORWARD_BATCH):  # a worker's forward batch: checkpointed, then completed
+        batch = [(lease.request.request_id, torch.randn(LATENT)) for lease in leases[first:first + FORWARD_BATCH]]
+        for request_id, latent in batch:
+            queue.commit("spot-0", request_id, latent, 3, iteration, keep_lease=True)
+        queue.complete_many("spot-0", batch, iteration)
     queue.results_of(ids)
     queue.forget(ids)
 
@@ -49,7 +52,9 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory() as scratch:
+    # in memory where there is a /dev/shm: the log's size does not depend on the disk, its ~10^5 fsyncs' time does
+    shm = Path("/dev/shm")
+    with tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else None) as scratch:
         plain, compacted = DurableQueue(Path(scratch) / "plain.jsonl"), DurableQueue(Path(scratch) / "compacted.jsonl")
         for iteration in range(args.iterations):
             for queue in (plain, compacted):
