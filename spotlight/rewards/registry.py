@@ -110,6 +110,22 @@ def _clipscore(section: RewardSection) -> Reward:
     return CLIPScoreReward.from_folder(section.models.clip, section.model_device, section.batch_size)
 
 
+def _aesthetic(section: RewardSection) -> Reward:
+    from spotlight.rewards.models.aesthetic import AestheticReward
+
+    models = section.models
+    return AestheticReward.from_files(models.aesthetic, models.aesthetic_clip or models.clip, section.model_device,
+                                      section.batch_size)
+
+
+def _hps(section: RewardSection) -> Reward:
+    from spotlight.rewards.models.hps import HPSReward
+
+    models = section.models
+    return HPSReward.from_files(models.hps, models.hps_processor or models.pickscore_processor, section.model_device,
+                                section.batch_size)
+
+
 def _temporal() -> Reward:
     from spotlight.rewards.video import TemporalConsistency
 
@@ -118,6 +134,7 @@ def _temporal() -> Reward:
 
 _BUILDERS: dict[str, Callable[[RewardSection], Reward]] = {
     "shapes": _shapes, "ocr-line": _ocr_line, "ocr": _ocr_scene, "geneval": _geneval,
-    "pickscore": _pickscore, "clipscore": _clipscore, "temporal": lambda section: _temporal(),
+    "pickscore": _pickscore, "clipscore": _clipscore,
+    "aesthetic": _aesthetic, "hps": _hps, "temporal": lambda section: _temporal(),
 }
 assert set(_BUILDERS) == set(BUILTIN_REWARDS), "every documented built-in reward has a builder"

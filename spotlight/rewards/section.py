@@ -24,6 +24,8 @@ BUILTIN_REWARDS: dict[str, str] = {
     "geneval": "GenEval's rules over an instance-segmentation detector and CLIP colours (needs metadata)",
     "pickscore": "PickScore (a CLIP fine-tuned on Pick-a-Pic preferences)",
     "clipscore": "CLIPScore (Hessel et al. 2021): 2.5 * max(cos, 0) with 'A photo depicts '",
+    "aesthetic": "the LAION aesthetic predictor (an MLP on CLIP ViT-L/14 image embeddings), AVA's 1-10 scale",
+    "hps": "HPSv2.1 (an OpenCLIP ViT-H-14 fine-tuned on human preferences): 100 * cos(image, prompt)",
     "temporal": "videos: 1 - the mean absolute change between consecutive frames (images score 1)",
 }
 FUNCTION_NAME = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -50,6 +52,12 @@ class RewardModelsSection(Section):
     # null: transformers' Mask2FormerForUniversalSegmentation
     detector_class: str | None = None
     colour_clip: str | None = None  # geneval's colour classifier: a CLIPModel (ViT-L/14 in GenEval)
+    aesthetic: str | None = None  # aesthetic: the predictor's file, sac+logos+ava1-l14-linearMSE.pth
+    # aesthetic: a CLIP ViT-L/14 folder (CLIPModel or CLIPVisionModelWithProjection); null: reward.models.clip
+    aesthetic_clip: str | None = None
+    hps: str | None = None  # hps: HPS_v2.1_compressed.pt (an open_clip ViT-H-14 state dict)
+    # hps: the CLIP processor of laion/CLIP-ViT-H-14-laion2B-s32B-b79K (its tokenizer); null: pickscore_processor
+    hps_processor: str | None = None
 
     @field_validator("detector_class")
     @classmethod

@@ -16,3 +16,10 @@ def tiny_clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_detector(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_tiny_mask2former(tmp_path_factory.mktemp("models") / "tiny-mask2former")
+
+
+@pytest.fixture(scope="session")
+def tiny_hps(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
+    from tiny_models import save_tiny_hps
+
+    return save_tiny_hps(tmp_path_factory.mktemp("models") / "tiny-hps")

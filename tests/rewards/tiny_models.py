@@ -73,3 +73,86 @@ def save_tiny_mask2former(folder: Path, seed: int = 0) -> Path:
     Mask2FormerForUniversalSegmentation(config).save_pretrained(folder)
     Mask2FormerImageProcessor(size={"height": 64, "width": 64}, do_resize=True).save_pretrained(folder)
     return folder
+
+
+def save_tiny_aesthetic_predictor(file: Path, embed_dim: int, seed: int = 0) -> Path:
+    """The LAION aesthetic predictor's state dict (its release's keys and hidden widths) over `embed_dim`-d
+    embeddings, random, saved with torch.save as `sac+logos+ava1-l14-linearMSE.pth` is."""
+    torch.manual_seed(seed)
+    widths = (embed_dim, 1024, 128, 64, 16, 1)
+    state = {}
+    for index, (d_in, d_out) in zip((0, 2, 4, 6, 7), zip(widths[:-1], widths[1:], strict=True), strict=True):
+        layer = torch.nn.Linear(d_in, d_out)
+        state[f"layers.{index}.weight"], state[f"layers.{index}.bias"] = layer.weight.data, layer.bias.data
+    file.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(state, file)
+    return file
+
+
+# a tiny open_clip model config (open_clip's model_cfg keys), ViT-H-14's shape scaled down
+TINY_OPEN_CLIP = {"embed_dim": 16,
+                  "vision_cfg": {"image_size": 32, "layers": 2, "width": 32, "head_width": 16, "patch_size": 8},
+                  "text_cfg": {"context_length": 16, "vocab_size": 0, "width": 32, "heads": 2, "layers": 2}}
+
+
+def save_tiny_clip_tokenizer(folder: Path) -> tuple[Path, int]:
+    """A word-level tokenizer whose end-of-text token has the largest id, as CLIP's BPE vocabulary's
+    `<|endoftext|>` does (open_clip pools the text at argmax(ids)); returns (folder, vocabulary size)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["!", "<unk>", "<|startoftext|>", *sorted(set(
+        "a photo of the sign that says hello world red green blue black white clock bench cat dog on".split())),
+        "<|endoftext|>"]
+    vocab = {word: index for index, word in enumerate(words)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.post_processor = processors.TemplateProcessing(
+        single="<|startoftext|> $A <|endoftext|>",
+        special_tokens=[("<|startoftext|>", vocab["<|startoftext|>"]), ("<|endoftext|>", vocab["<|endoftext|>"])])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, model_max_length=77, pad_token="!",
+                                        unk_token="<unk>", bos_token="<|startoftext|>", eos_token="<|endoftext|>")
+    tokenizer.save_pretrained(folder)
+    return folder, len(words)
+
+
+def save_tiny_hps(folder: Path, seed: int = 0) -> tuple[Path, Path, dict]:
+    """An HPS-layout checkpoint: {'state_dict': open_clip CLIP weights} of a tiny open_clip config (written
+    beside it as open_clip_config.json), random; and a tokenizer folder. Returns (checkpoint, tokenizer, config)."""
+    import json
+
+    tokenizer, vocab_size = save_tiny_clip_tokenizer(folder / "processor")
+    config = {**TINY_OPEN_CLIP, "text_cfg": {**TINY_OPEN_CLIP["text_cfg"], "vocab_size": vocab_size}}
+    vision, text, embed = config["vision_cfg"], config["text_cfg"], config["embed_dim"]
+    generator = torch.Generator().manual_seed(seed)
+
+    def rand(*shape: int, scale: float = 0.2) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator) * scale
+
+    def blocks(prefix: str, width: int, layers: int) -> dict[str, torch.Tensor]:
+        state = {}
+        for i in range(layers):
+            p = f"{prefix}transformer.resblocks.{i}."
+            state.update({p + "ln_1.weight": 1 + rand(width), p + "ln_1.bias": rand(width),
+                          p + "attn.in_proj_weight": rand(3 * width, width), p + "attn.in_proj_bias": rand(3 * width),
+                          p + "attn.out_proj.weight": rand(width, width), p + "attn.out_proj.bias": rand(width),
+                          p + "ln_2.weight": 1 + rand(width), p + "ln_2.bias": rand(width),
+                          p + "mlp.c_fc.weight": rand(4 * width, width), p + "mlp.c_fc.bias": rand(4 * width),
+                          p + "mlp.c_proj.weight": rand(width, 4 * width), p + "mlp.c_proj.bias": rand(width)})
+        return state
+
+    vw, tw, grid = vision["width"], text["width"], vision["image_size"] // vision["patch_size"]
+    state = {"visual.class_embedding": rand(vw), "visual.positional_embedding": rand(grid * grid + 1, vw),
+             "visual.conv1.weight": rand(vw, 3, vision["patch_size"], vision["patch_size"]),
+             "visual.ln_pre.weight": 1 + rand(vw), "visual.ln_pre.bias": rand(vw),
+             **blocks("visual.", vw, vision["layers"]),
+             "visual.ln_post.weight": 1 + rand(vw), "visual.ln_post.bias": rand(vw), "visual.proj": rand(vw, embed),
+             "token_embedding.weight": rand(vocab_size, tw), "positional_embedding": rand(text["context_length"], tw),
+             **blocks("", tw, text["layers"]),
+             "ln_final.weight": 1 + rand(tw), "ln_final.bias": rand(tw), "text_projection": rand(tw, embed),
+             "logit_scale": torch.tensor(4.6052)}
+    folder.mkdir(parents=True, exist_ok=True)
+    checkpoint = folder / "HPS_v2.1_compressed.pt"
+    torch.save({"state_dict": state}, checkpoint)
+    (folder / "open_clip_config.json").write_text(json.dumps({"model_cfg": config}))
+    return checkpoint, tokenizer, config
