@@ -50,7 +50,7 @@ What the benchmarks measure and how to read them: [`results-notes.md`](results-n
 Each section is one JSON and names the commit it was measured at (`+dirty`: with uncommitted changes
 on top of it), the machine and the command. Most benchmarks record their parsed arguments rather than
 the command line: those sections say "command line not recorded" and list the recorded arguments,
-with which `python benchmarks/<benchmark>.py --help` gives the command back. The machine of every
+with which `python benchmarks/<folder>/<benchmark>.py --help` gives the command back. The machine of every
 JSON so far is a 2-core CPU; **no number on this page was measured on a GPU**.
 """
 
@@ -82,23 +82,32 @@ def machine_line(machine: object) -> str:
 
 
 # Benchmarks whose JSON is named for what they measured rather than for their program.
-SCRIPTS = {"disaggregated_measured": "disaggregated", "disaggregated_sim": "disaggregated"}
+SCRIPTS = {"disaggregated_measured": "disaggregated", "disaggregated_sim": "disaggregated",
+           "simulated_scaling": "simulate_scaling"}
+
+
+def script_path(name: str) -> str:
+    """The program behind benchmark ``name``, found in whichever sub-folder holds it (`benchmarks/<folder>/`);
+    ``benchmarks/<name>.py`` where no folder does."""
+    name = SCRIPTS.get(name, name)
+    found = sorted((REPO / "benchmarks").glob(f"*/{name}.py"))
+    return found[0].relative_to(REPO).as_posix() if found else f"benchmarks/{name}.py"
 
 
 def command_line(name: str, result: dict) -> str:
     """The command as recorded: the command line itself, else the recorded arguments, else 'not recorded'."""
-    name = SCRIPTS.get(name, name)
+    script = script_path(name)
     if isinstance(result.get("command"), str):
         return f"`{result['command']}`"
     args = result.get("args")
     if isinstance(args, dict):
         recorded = " ".join(f"{key}={json.dumps(value)}" for key, value in args.items())
-        return f"command line not recorded; `benchmarks/{name}.py` with recorded arguments `{recorded}`"
+        return f"command line not recorded; `{script}` with recorded arguments `{recorded}`"
     if isinstance(result.get("overrides"), list):
         overrides = " ".join(str(item) for item in result["overrides"])
-        return f"command line not recorded; `benchmarks/{name}.py` with recorded run overrides `{overrides}`"
-    return f"command line not recorded (`benchmarks/{name}.py`; its settings are under `config` in the JSON)" \
-        if "config" in result else f"command line not recorded (`benchmarks/{name}.py`)"
+        return f"command line not recorded; `{script}` with recorded run overrides `{overrides}`"
+    return f"command line not recorded (`{script}`; its settings are under `config` in the JSON)" \
+        if "config" in result else f"command line not recorded (`{script}`)"
 
 
 def render_table(table: Table) -> list[str]:

@@ -295,7 +295,7 @@ def eval_(
 
 
 # stale-explore is spotlight's seeds without its devices: a measurement of staleness, not a cluster to simulate;
-# disaggregated has its own simulated ladder (benchmarks/disaggregated.py --simulate)
+# disaggregated has its own simulated ladder (benchmarks/runtime/disaggregated.py --simulate)
 ALL_SIM_MODES = ",".join(mode for mode in Mode if not mode.single_process_only and mode is not Mode.DISAGGREGATED)
 
 

@@ -119,7 +119,7 @@ class TrainSection(Section):
     # trained θ as θ_old ← d θ_old + (1 - d) θ after every update, d ramped linearly from 0 to
     # old_policy_decay over old_policy_warmup iterations (DiffusionNFT's soft update). 0: θ_old = θ_i,
     # the update before issue 21, which collapsed after ~100 iterations (docs/learning.md).
-    # Measured (docs/learning.md, benchmarks/long_run.py): 0.5 over 20 iterations with nft_kl_beta 0.01.
+    # Measured (docs/learning.md, benchmarks/learning/long_run.py): 0.5 over 20 iterations with nft_kl_beta 0.01.
     old_policy_decay: float = Field(0.5, ge=0, lt=1)
     old_policy_warmup: int = Field(20, ge=0)
     # nft: weight of ||v - v_ref||² towards the frozen base (v_ref), a trust term on the whole walk;

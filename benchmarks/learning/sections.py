@@ -38,7 +38,7 @@ def time_to_target(result: dict) -> list[Table]:
     phases = Table(["mode", "iterations", "s / iteration", "seeds", "rollout", "update", "exploration wait",
                     "zero-spread groups"],
                    caption="Where the time goes (medians over the runs that reached the target; seconds per "
-                           "iteration by phase, `benchmarks/decomposition.py`):")
+                           "iteration by phase, `benchmarks/learning/decomposition.py`):")
     for mode, row in result.get("decomposition", {}).items():
         phases.rows.append([mode, fmt(row.get("iterations"), 0), fmt(row.get("iteration_s"), 2),
                             fmt(row.get("seeds"), 2), fmt(row.get("rollout"), 2), fmt(row.get("update"), 2),

@@ -11,7 +11,7 @@ so the first signal does not kill the process but sets a `StopRequest`:
   closing after the signal, a timer raises `StopNow` inside the iteration (only there: validation and
   the checkpoint write are never cut), and the line names the last complete checkpoint instead; so
   does a stop whose checkpoint would take longer than the grace left (the last write's time), as the
-  scheduler's SIGKILL would cut it (a 20 B full fine-tune's ~245 GB: `benchmarks/stop_grace.py`);
+  scheduler's SIGKILL would cut it (a 20 B full fine-tune's ~245 GB: `benchmarks/reliability/stop_grace.py`);
 - a second signal exits at once (exit code 128 + the signal), with a line naming the last checkpoint.
 
 Handlers can only be installed from the main thread; elsewhere (a test calling `train` from a

@@ -79,7 +79,7 @@ class Grid(Section):
 
 
 class LadderConfig(Section):
-    """Everything `benchmarks/disaggregated.py --simulate` needs."""
+    """Everything `benchmarks/runtime/disaggregated.py --simulate` needs."""
 
     models: dict[str, DiTModel]
     hardware: Hardware = Hardware()

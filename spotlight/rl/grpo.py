@@ -71,7 +71,7 @@ def choose_train_timesteps(
 
     ``random`` draws them afresh every iteration (Flow-GRPO-Fast): the update's cost falls in
     proportion and every step is still trained on over the iterations. ``early`` always takes the
-    first (highest-noise) steps. Which steps matter is measurable (benchmarks/noise_attribution.py):
+    first (highest-noise) steps. Which steps matter is measurable (benchmarks/learning/noise_attribution.py):
     on the shapes task the first 3 of 10 steps decide under a fifth of a group's reward variance,
     steps 3-5 about half, so training only the first 30% left the gradient mostly noise; the
     default trains every SDE step of the windowed rollout. The generator is drawn from either way,

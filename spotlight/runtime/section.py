@@ -39,7 +39,7 @@ class RuntimeSection(Section):
     plan is the planner's single arm (required) whatever the number of spot devices up, and at the
     round's close the on-demand device serves what is left through the queue beside the spot devices
     (bit-identical results, `spotlight.runtime.spot.worker.worker_loop`); for reproducible runs under
-    preemptions (`benchmarks/chaos.py`), at the cost of exploration on the critical path when spot
+    preemptions (`benchmarks/reliability/chaos.py`), at the cost of exploration on the critical path when spot
     devices are short. ``min_step_s``: a spot device's exploration
     pass takes at least this long, to emulate a slower accelerator in tests and demos (0: CPU speed);
     with ``sp_degree`` > 1, each SP denoising step does. ``sp_degree``: 1 runs one single-process
@@ -66,7 +66,7 @@ class RuntimeSection(Section):
     stop_grace_s: float = Field(25.0, gt=0)
     lease_timeout_s: float = Field(10.0, gt=0)
     # compact the queue's write-ahead log at each checkpoint to the work in flight (false: keep every record,
-    # an audit trail of every request that grows with the run, as benchmarks/chaos.py reads)
+    # an audit trail of every request that grows with the run, as benchmarks/reliability/chaos.py reads)
     compact_queue_log: bool = True
     worker_capacity: int = Field(32, ge=1)
     forward_batch: int = Field(16, ge=1)

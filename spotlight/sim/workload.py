@@ -59,7 +59,7 @@ full weights from a peer the same way.
 Measured times. Where the devices exist (the runtime's local run), `WorkloadSection.measured`
 replaces every derived time above with what the run measured (`MeasuredTimes`): the simulator then
 replays the same loop with the real per-step costs, which is how it is validated against the
-runtime (benchmarks/sim_vs_runtime.py).
+runtime (benchmarks/sim/sim_vs_runtime.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""benchmarks/core_plan.py: cores per run at 1 + N, the refusal, and the overrides that place a run."""
+"""benchmarks/learning/core_plan.py: cores per run at 1 + N, the refusal, and the overrides that place a run."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks.*`
 
-from core_plan import CorePlan, plan_cores  # noqa: E402
-
+from benchmarks.learning.core_plan import CorePlan, plan_cores  # noqa: E402
 from spotlight.config import TrainConfig, load_config  # noqa: E402
 
 SIXTEEN = list(range(16))

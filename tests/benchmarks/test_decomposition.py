@@ -1,4 +1,5 @@
-"""benchmarks/decomposition.py: wall time to target factors into iterations × seconds per iteration, per phase."""
+"""benchmarks/learning/decomposition.py: wall time to target factors into iterations × seconds per iteration,
+per phase."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks.*`
 
-from decomposition import affordable_candidates, decompose, format_table, phase_seconds  # noqa: E402
+from benchmarks.learning.decomposition import affordable_candidates, decompose, format_table, phase_seconds  # noqa: E402
 
 
 def records(iteration_s: float, rollout: float, update: float, explore: float = 0.0, count: int = 6) -> list[dict]:

@@ -1,13 +1,13 @@
-"""benchmarks/exploration_report.py: the planner's picks, τ and std of runs at 1 + N, and the report's text."""
+"""benchmarks/learning/exploration_report.py: the planner's picks, τ and std of runs at 1 + N, and the report's text."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks.*`
 
-from exploration_report import (  # noqa: E402
+from benchmarks.learning.exploration_report import (  # noqa: E402
     exploration_stats,
     format_report,
     summarise_exploration,

@@ -1,4 +1,5 @@
-"""benchmarks/forward_meter.py: calls counted by phase and autograd, FLOPs from one replay per shape (closed forms)."""
+"""benchmarks/gpu/forward_meter.py: calls counted by phase and autograd, FLOPs from one replay per shape
+(closed forms)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks.*`
 
-from forward_meter import ForwardMeter  # noqa: E402  (a benchmark helper, imported from its folder)
+from benchmarks.gpu.forward_meter import ForwardMeter  # noqa: E402  (a benchmark helper)
 
 ROWS, IN, OUT = 5, 8, 3
 

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_acceptance.sh on a machine without CUDA: one line, a non-zero exit, nothing written."""
+"""benchmarks/gpu/gpu_acceptance.sh on a machine without CUDA: one line, a non-zero exit, nothing written."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ def test_without_cuda_it_exits_non_zero_with_one_line_and_writes_nothing(tmp_pat
     results = REPO / "benchmarks" / "results"
     before = sorted(results.iterdir())
     env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "TMPDIR": str(tmp_path / "tmp")}
-    done = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_acceptance.sh")], capture_output=True, text=True,
+    script = REPO / "benchmarks" / "gpu" / "gpu_acceptance.sh"
+    done = subprocess.run(["bash", str(script)], capture_output=True, text=True,
                           env=env, timeout=120, cwd=tmp_path)
     assert done.returncode != 0
     assert done.stdout.count("\n") == 1 and "no CUDA device" in done.stdout and not done.stderr

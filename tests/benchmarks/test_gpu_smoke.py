@@ -1,4 +1,4 @@
-"""benchmarks/gpu_smoke.py runs anywhere: without CUDA it says so in one line and exits 0."""
+"""benchmarks/gpu/gpu_smoke.py runs anywhere: without CUDA it says so in one line and exits 0."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks.*`
 
-import gpu_smoke  # noqa: E402  (a benchmark program, imported from its folder)
+from benchmarks.gpu import gpu_smoke  # noqa: E402  (a benchmark program)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the benchmark runs for real")

@@ -1,4 +1,5 @@
-"""benchmarks/gpu_throughput.py: refuses to pass CPU numbers off as a GPU's, and its small mode runs the recipe's path.
+"""benchmarks/gpu/gpu_throughput.py: refuses to pass CPU numbers off as a GPU's, and its small mode runs the
+recipe's path.
 
 Without CUDA and without ``--small`` it exits 2 with one line. ``--small`` runs the SD3.5-M recipe (its
 prompt set, its OCR reward overlapped with sampling, text encoders at published depths) on tiny widths on
@@ -16,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks.*`
 
-import gpu_throughput  # noqa: E402  (a benchmark program, imported from its folder)
+from benchmarks.gpu import gpu_throughput  # noqa: E402  (a benchmark program)
 
 STEPS = gpu_throughput.SMALL["steps"]
 IMAGES = gpu_throughput.SMALL["prompts"] * gpu_throughput.SMALL["group"]

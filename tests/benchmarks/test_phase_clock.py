@@ -1,4 +1,4 @@
-"""benchmarks/phase_clock.py: each phase is charged its own time, a nested phase's is not charged twice."""
+"""benchmarks/gpu/phase_clock.py: each phase is charged its own time, a nested phase's is not charged twice."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks.*`
 
-from phase_clock import PhaseClock  # noqa: E402  (a benchmark helper, imported from its folder)
+from benchmarks.gpu.phase_clock import PhaseClock  # noqa: E402  (a benchmark helper)
 
 
 def test_a_nested_phase_is_charged_to_itself_and_not_to_the_phase_around_it() -> None:

@@ -1,4 +1,5 @@
-"""benchmarks/plan_vs_measured.py: a recorded run is re-planned as it ran, and a profile written from it predicts it.
+"""benchmarks/sim/plan_vs_measured.py: a recorded run is re-planned as it ran, and a profile written from it
+predicts it.
 
 The run record here is a fixture in gpu_throughput.py's format with made-up seconds and FLOPs (no GPU
 was measured): what is checked is the plumbing from a record to the plan's prediction, and that the
@@ -12,17 +13,16 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks.*`
 
-import plan_vs_measured  # noqa: E402  (a benchmark program, imported from its folder)
-
+from benchmarks.sim import plan_vs_measured  # noqa: E402  (a benchmark program)
 from spotlight.sim.planning.device_profiles import load_profiles  # noqa: E402
 
 SECONDS = {"sample": 9.0, "update": 12.0}  # fixture values, not measurements
 
 
 def _record() -> dict:
-    return {"command": "benchmarks/gpu_throughput.py --model sd35m", "model": "sd35m", "small": False,
+    return {"command": "benchmarks/gpu/gpu_throughput.py --model sd35m", "model": "sd35m", "small": False,
             "device": "NVIDIA H200", "commit": "fixture",
             "setting": {"resolution": 512, "steps": 10, "guidance": 4.5, "prompts": 4, "group": 8, "dtype": "bfloat16"},
             "spotlight": {"images_per_iteration": 32, "phase_s": dict(SECONDS),

@@ -1,4 +1,4 @@
-"""benchmarks/simulate_paper_scale.py: the README's paper-scale workload is counted from a folder, not typed.
+"""benchmarks/sim/simulate_paper_scale.py: the README's paper-scale workload is counted from a folder, not typed.
 
 The default run derives the simulator's workload from the shipped config-only Qwen-Image folder through
 `PlanConfig` (as `spotlight simulate -s model.pretrained=...` does), a later ``-s`` wins over the
@@ -14,12 +14,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-sys.path.insert(0, str(REPO))
-
-import simulate_paper_scale as paper  # noqa: E402  (a benchmark program, imported from its folder)
+sys.path.insert(0, str(REPO))  # the repository root: `benchmarks.*`
 
 from benchmarks.headline import headline  # noqa: E402
+from benchmarks.sim import simulate_paper_scale as paper  # noqa: E402  (a benchmark program)
 from benchmarks.sim.sections import simulate_paper_scale  # noqa: E402
 
 CONFIG = str(REPO / "configs" / "simulate-paper.yaml")

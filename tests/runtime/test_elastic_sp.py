@@ -3,7 +3,7 @@
 The agents are stand-ins (Ray actors that answer like a `NodeAgent` with two healthy devices and hold
 one leased request per group until stopped), so the test exercises the controller's handling of a
 dead actor handle in seconds; the real agents and their device processes are tested in
-test_agent.py and run end to end in benchmarks/elastic_sp_run.py.
+test_agent.py and run end to end in benchmarks/reliability/elastic_sp_run.py.
 """
 
 from __future__ import annotations

@@ -204,7 +204,7 @@ def test_a_1024_gpu_cluster_runs_100_iterations_of_a_12_hour_trace_in_seconds() 
     result = simulate(config, trace=trace)
     elapsed = time.perf_counter() - started
     assert result.iterations_run == 100
-    assert elapsed < 15.0  # the target is 5 s (benchmarks/simulate_paper_scale.py measures it); CI is slower
+    assert elapsed < 15.0  # the target is 5 s (benchmarks/sim/simulate_paper_scale.py measures it); CI is slower
 
 
 # --- measured step times (the runtime's local run) ----------------------------------------------

@@ -457,7 +457,7 @@ def compile_blocks(transformer: nn.Module) -> int:
     reuses one graph, so compiling takes seconds, and a graph break in the model's glue (patch embedding,
     RoPE ids, the LoRA switch) costs nothing inside the blocks, where the time goes: fused kernels cut the
     launches that make eager micro-batches launch-bound on a GPU. Off by default: the first iteration pays
-    the compile, and the gain is to be measured per GPU and model (``benchmarks/gpu_throughput.py``).
+    the compile, and the gain is to be measured per GPU and model (``benchmarks/gpu/gpu_throughput.py``).
 
     A transformer without such lists is a ``ValueError`` naming the fix, not a silent eager run.
     """

@@ -3,7 +3,7 @@
 The shipped profiles live in ``spotlight/market/gpus.yaml`` (package data). A user's measurement goes
 into a profile file of the same shape (``gpus:``, a list of entries with a ``name`` and any fields to
 override), which `load_profiles` merges over the shipped ones: `write_measured_efficiency` writes one,
-from what ``benchmarks/gpu_throughput.py`` measured, so that the next `plan` predicts with the user's
+from what ``benchmarks/gpu/gpu_throughput.py`` measured, so that the next `plan` predicts with the user's
 own efficiency and says so. The efficiencies are fractions of the dense bf16 peak that this workload
 (a DiT's forward, or forward and backward) reaches end to end, not a matmul benchmark's.
 """
@@ -81,7 +81,7 @@ def load_profiles(user_path: str | Path | None = None) -> dict[str, DeviceProfil
     path = Path(user_path) if user_path is not None else default_profile_path()
     if user_path is not None and not path.is_file():
         raise ProfileError(f"plan.profiles {path}: no such GPU profile file; write one with "
-                           "benchmarks/gpu_throughput.py or leave plan.profiles out")
+                           "benchmarks/gpu/gpu_throughput.py or leave plan.profiles out")
     if path.is_file():
         for entry in _entries(path.read_text(encoding="utf-8"), str(path)):
             merged[entry["name"]] = {**merged.get(entry["name"], {}), **entry}
