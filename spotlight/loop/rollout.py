@@ -20,7 +20,7 @@ from spotlight.models.loop_model import LoopModel
 from spotlight.models.pipelines.folder import read_pipeline_folder
 from spotlight.rewards.base import Reward, RewardOutput, guarded_score
 from spotlight.rewards.composite import term_metrics
-from spotlight.rl.advantages import group_advantages
+from spotlight.rl.advantages import group_advantages, per_term_advantages
 from spotlight.rl.grpo import RolloutBatch
 
 __all__ = ["Rollout", "group_metrics", "group_requests", "rollout", "rollout_metrics", "rollout_plan", "score_rollout"]
@@ -93,6 +93,16 @@ def group_metrics(groups: Sequence[AssembledGroup]) -> dict[str, float]:
     return rollout_metrics(rewards, valid, strict)
 
 
+def _advantages(scored: RewardOutput, rewards: torch.Tensor, valid: torch.Tensor, config: TrainConfig) -> torch.Tensor:
+    """GRPO advantages (P, G): of the weighted sum (`reward.normalize: joint`), or of each weighted term on its
+    own and then weighted (`per_term`, a composite's `terms`; `spotlight.rl.advantages.per_term_advantages`)."""
+    weights = config.reward.weights
+    if config.reward.normalize == "joint" or not weights:
+        return group_advantages(rewards, valid, config.train.adv_std, config.train.adv_clip)
+    terms = {term: values.reshape(rewards.shape) for term, values in scored.terms.items()}
+    return per_term_advantages(terms, weights, valid, config.train.adv_std, config.train.adv_clip)
+
+
 def score_rollout(model: LoopModel, prompts: list[str], seeds: torch.Tensor, trajectory: Trajectory,
                   config: TrainConfig, reward: Reward, scored: RewardOutput | None = None) -> Rollout:
     """Score sampled groups (``trajectory`` in `group_requests` order, from any devices) and compute advantages.
@@ -118,7 +128,7 @@ def score_rollout(model: LoopModel, prompts: list[str], seeds: torch.Tensor, tra
         timings = {"time/decode_s": decoded - started, "time/reward_s": time.perf_counter() - decoded}
     rewards = scored.rewards.reshape(num_prompts, group_size)
     valid = scored.valid.reshape(num_prompts, group_size)
-    advantages = group_advantages(rewards, valid, config.train.adv_std, config.train.adv_clip)
+    advantages = _advantages(scored, rewards, valid, config)
     metrics = rollout_metrics(rewards, valid, scored.strict.reshape(num_prompts, group_size))
     metrics.update(term_metrics(scored))  # a composite reward's terms, one by one
     metrics.update(timings)  # beside time/rollout_s: where the rollout's time went (time/sample_s: the loop's)

@@ -74,6 +74,9 @@ class RewardSection(Section):
     # the shapes reward: GenEval partial credit mixed with the strict 0/1 flag
     strict_weight: float = Field(0.5, ge=0, le=1)
     weights: dict[str, float] | None = None  # composite: {ocr: 1.0, clipscore: 0.5}; the sum of weighted terms
+    # advantages of a composite: joint (of the weighted sum) or per_term (each term normalised within its group
+    # first, then weighted: spotlight/rl/advantages.per_term_advantages)
+    normalize: Literal["joint", "per_term"] = "joint"
     url: str | None = None  # http: the `spotlight serve-reward` address, e.g. http://10.0.0.5:8765
     # http: one request's whole time (connect, send, score, read); pkg.module:function: one call's (rewards/deadline.py)
     deadline_s: float = Field(60.0, gt=0)
@@ -115,6 +118,9 @@ class RewardSection(Section):
         if self.name is not None and self.weights is not None:
             raise ValueError(f"set reward.name ({self.name!r}) or reward.weights, not both: weights is a "
                              "composite of names")
+        if self.normalize == "per_term" and self.weights is None:
+            raise ValueError("reward.normalize per_term normalises each term of reward.weights; set reward.weights "
+                             "(e.g. {hps: 1.0, aesthetic: 0.5}) or use normalize: joint")
         uses_http = self.name == "http" or "http" in (self.weights or {})
         if uses_http and not self.url:
             raise ValueError("reward.name http needs reward.url (the address of `spotlight serve-reward`)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 import torch
@@ -39,3 +40,30 @@ def group_advantages(
         raise ValueError(f"train.adv_std must be 'group' or 'global' (got {std_mode!r})")
     advantages = centred / (std + eps)
     return advantages.clamp(-clip, clip) * weights
+
+
+def per_term_advantages(
+    terms: Mapping[str, torch.Tensor],
+    weights: Mapping[str, float],
+    valid: torch.Tensor | None = None,
+    std_mode: StdMode = "group",
+    clip: float = 5.0,
+) -> torch.Tensor:
+    """Advantages (P, G) of a weighted mix of rewards, each term normalised on its own (`reward.normalize: per_term`).
+
+    ``sum_k weight_k * group_advantages(term_k)``, clipped to ``[-clip, clip]``. With one joint normalisation
+    of the weighted sum, the term of the widest spread within a group (HPS's ~100 x cosine beside a [0, 1]
+    OCR score) decides the ranking whatever its weight; normalising each term first makes the weights say
+    how much each term counts. Invalid samples get advantage 0, as in `group_advantages`.
+    """
+    missing = sorted(set(weights) - set(terms))
+    if missing:
+        raise ValueError(f"per-term advantages need every weighted term's rewards; missing {missing} of "
+                         f"{sorted(terms)}")
+    total = None
+    for term, weight in weights.items():
+        advantage = weight * group_advantages(terms[term], valid, std_mode, clip)
+        total = advantage if total is None else total + advantage
+    if total is None:
+        raise ValueError("per-term advantages need at least one weighted term")
+    return total.clamp(-clip, clip)
