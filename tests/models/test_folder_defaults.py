@@ -11,8 +11,8 @@ from pathlib import Path
 import diffusers
 import pytest
 
+from spotlight.models.folder_defaults import CLASS_DEFAULTS
 from spotlight.models.pipelines.folder import read_pipeline_folder
-from spotlight.models.pipelines.folder_defaults import CLASS_DEFAULTS
 
 
 def _plain(value):

@@ -12,7 +12,7 @@ Keys that published folders carry but diffusers never reads to pick a class are 
 text encoder's ``architectures`` and ``model_type`` (transformers writes them only when it saves a
 model; a folder assembled from configs lacks them) and a component config's ``_class_name``; where
 present, ``_class_name`` is a cross-check only. A key a component's config leaves out is its class's
-default, as diffusers reads it (`spotlight.models.pipelines.folder_defaults`).
+default, as diffusers reads it (`spotlight.models.folder_defaults`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from spotlight.models.folder_defaults import with_class_defaults
 from spotlight.models.pipelines.family_config import Family
-from spotlight.models.pipelines.folder_defaults import with_class_defaults
 
 __all__ = ["PIPELINE_FAMILIES", "ComponentClassError", "PipelineFolder", "PipelineFolderError", "ScheduleParams",
            "component_class", "read_pipeline_folder"]

@@ -116,7 +116,7 @@ def test_train_refuses_a_class_the_installed_library_lacks_in_one_line(tiny_pipe
 def test_plan_reads_a_key_a_config_leaves_out_as_its_class_default(tmp_path: Path, monkeypatch) -> None:
     """SD3.5-Medium's published configs without every key whose value is the diffusers class's default
     (in_channels, patch_size, sample_size, ... ; the VAE's and scheduler's too) count the same."""
-    from spotlight.models.pipelines.folder_defaults import CLASS_DEFAULTS
+    from spotlight.models.folder_defaults import CLASS_DEFAULTS
     from spotlight.sim.planning.model_folders import model_folder
 
     monkeypatch.setenv("SPOTLIGHT_CACHE_DIR", str(tmp_path / "cache"))
