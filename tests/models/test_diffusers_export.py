@@ -40,7 +40,8 @@ def trained_policy(folder: Path, family: str) -> DiffusersPolicy:
 def fixed_inputs(policy: DiffusersPolicy) -> tuple[torch.Tensor, torch.Tensor, PromptEmbeddings]:
     generator = torch.Generator().manual_seed(2)
     width, pooled = policy.prompt_dims
-    x = torch.randn(2, policy.channels, LATENT, LATENT, generator=generator)
+    frames = (3,) if policy.family == "wan" else ()  # a video transformer denoises (B, C, f, h, w)
+    x = torch.randn(2, policy.channels, *frames, LATENT, LATENT, generator=generator)
     cond = PromptEmbeddings(torch.randn(2, 7, width, generator=generator),
                             None if pooled is None else torch.randn(2, pooled, generator=generator),
                             torch.ones(2, 7, dtype=torch.bool) if pooled is None else None)

@@ -181,8 +181,9 @@ class DiffusersPolicy(nn.Module):
     def prompt_dims(self) -> tuple[int, int | None]:
         """(D, P): the width of the prompt embeddings and of the pooled vector (None when unused)."""
         config = self.transformer.config
-        pooled = None if self.family == "qwen-image" else int(config.pooled_projection_dim)
-        return int(config.joint_attention_dim), pooled
+        pooled = getattr(config, "pooled_projection_dim", None)  # SD3 and FLUX only
+        width = getattr(config, "joint_attention_dim", None) or config.text_dim  # Wan names it text_dim
+        return int(width), None if self.family == "qwen-image" or pooled is None else int(pooled)
 
     def forward(self, x: torch.Tensor, sigma: torch.Tensor, cond: PromptEmbeddings | torch.Tensor) -> torch.Tensor:
         """Predict the velocity (B, C, H, W) for latents x (B, C, H, W) at noise levels sigma (B,)."""
