@@ -34,7 +34,7 @@ Measured against this (issue 32, H200, Qwen-Image architecture, 8 images at 512Â
 estimate of 57.0 GiB that lacked the ``nft_timesteps`` factor, the float32 LoRA inputs and the context.
 
 It is an estimate, not a measurement (allocator fragmentation, the sampler's own buffers and kernels'
-workspaces come on top): ``benchmarks/gpu_smoke.py`` measures the real peak where a GPU exists.
+workspaces come on top): ``benchmarks/gpu/gpu_smoke.py`` measures the real peak where a GPU exists.
 """
 
 from __future__ import annotations
