@@ -103,3 +103,28 @@ def test_an_exported_lora_loads_into_wan_pipeline_and_changes_its_video(tiny_pip
     after = pipeline_call(base, latents, 1.0, "latent")
     assert (after - before).abs().max() > 1e-2  # the LoRA reached the pipeline's transformer
     torch.testing.assert_close(after, trained, rtol=0, atol=1e-4)  # ... at the trained scale alpha / rank
+
+
+def test_make_tiny_pipeline_wan_writes_a_folder_wan_pipeline_loads(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from spotlight.cli import app
+
+    result = CliRunner().invoke(app, ["make-tiny-pipeline", "wan", str(tmp_path / "wan")])
+    assert result.exit_code == 0, result.output
+    folder = read_pipeline_folder(tmp_path / "wan")
+    assert folder.family == "wan" and folder.vae["scale_factor_spatial"] == 2 == folder.vae["scale_factor_temporal"]
+
+
+def test_the_memory_estimate_counts_every_latent_frames_tokens(tiny_pipeline) -> None:
+    from spotlight.config import TrainConfig, parse_config
+    from spotlight.models.pipelines.memory_estimate import run_memory_estimate
+
+    def estimate(frames: int) -> float:
+        config = parse_config(TrainConfig, {"model": {"pretrained": str(tiny_pipeline("wan"))},
+                                            "rollout": {"resolution": 32, "num_frames": frames}})
+        result = run_memory_estimate(config)
+        assert result is not None
+        return result.total
+
+    assert estimate(9) > estimate(5) > estimate(1)  # 5, 3 and 1 latent frames of 16 x 16
