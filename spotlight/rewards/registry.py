@@ -126,6 +126,13 @@ def _hps(section: RewardSection) -> Reward:
                                 section.batch_size)
 
 
+def _imagereward(section: RewardSection) -> Reward:
+    from spotlight.rewards.models.imagereward import ImageRewardReward
+
+    return ImageRewardReward.from_files(section.models.imagereward, section.models.imagereward_tokenizer,
+                                        section.model_device, section.batch_size)
+
+
 def _temporal() -> Reward:
     from spotlight.rewards.video import TemporalConsistency
 
@@ -135,6 +142,6 @@ def _temporal() -> Reward:
 _BUILDERS: dict[str, Callable[[RewardSection], Reward]] = {
     "shapes": _shapes, "ocr-line": _ocr_line, "ocr": _ocr_scene, "geneval": _geneval,
     "pickscore": _pickscore, "clipscore": _clipscore,
-    "aesthetic": _aesthetic, "hps": _hps, "temporal": lambda section: _temporal(),
+    "aesthetic": _aesthetic, "hps": _hps, "imagereward": _imagereward, "temporal": lambda section: _temporal(),
 }
 assert set(_BUILDERS) == set(BUILTIN_REWARDS), "every documented built-in reward has a builder"

@@ -26,6 +26,7 @@ BUILTIN_REWARDS: dict[str, str] = {
     "clipscore": "CLIPScore (Hessel et al. 2021): 2.5 * max(cos, 0) with 'A photo depicts '",
     "aesthetic": "the LAION aesthetic predictor (an MLP on CLIP ViT-L/14 image embeddings), AVA's 1-10 scale",
     "hps": "HPSv2.1 (an OpenCLIP ViT-H-14 fine-tuned on human preferences): 100 * cos(image, prompt)",
+    "imagereward": "ImageReward (BLIP's image-grounded text encoder + an MLP head), normalised as released",
     "temporal": "videos: 1 - the mean absolute change between consecutive frames (images score 1)",
 }
 FUNCTION_NAME = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -58,6 +59,8 @@ class RewardModelsSection(Section):
     hps: str | None = None  # hps: HPS_v2.1_compressed.pt (an open_clip ViT-H-14 state dict)
     # hps: the CLIP processor of laion/CLIP-ViT-H-14-laion2B-s32B-b79K (its tokenizer); null: pickscore_processor
     hps_processor: str | None = None
+    imagereward: str | None = None  # imagereward: ImageReward.pt, with the release's med_config.json beside it
+    imagereward_tokenizer: str | None = None  # imagereward: bert-base-uncased's tokenizer folder
 
     @field_validator("detector_class")
     @classmethod

@@ -23,3 +23,10 @@ def tiny_hps(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict
     from tiny_models import save_tiny_hps
 
     return save_tiny_hps(tmp_path_factory.mktemp("models") / "tiny-hps")
+
+
+@pytest.fixture(scope="session")
+def tiny_imagereward(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
+    from tiny_models import save_tiny_imagereward
+
+    return save_tiny_imagereward(tmp_path_factory.mktemp("models") / "tiny-imagereward")

@@ -156,3 +156,82 @@ def save_tiny_hps(folder: Path, seed: int = 0) -> tuple[Path, Path, dict]:
     torch.save({"state_dict": state}, checkpoint)
     (folder / "open_clip_config.json").write_text(json.dumps({"model_cfg": config}))
     return checkpoint, tokenizer, config
+
+
+TINY_MED_CONFIG = {"architectures": ["BertModel"], "hidden_act": "gelu", "hidden_size": 32, "intermediate_size": 64,
+                   "layer_norm_eps": 1e-12, "max_position_embeddings": 40, "model_type": "bert",
+                   "num_attention_heads": 2, "num_hidden_layers": 2, "pad_token_id": 0, "type_vocab_size": 2,
+                   "vocab_size": 0, "encoder_width": 64, "add_cross_attention": True}  # BLIP's med_config.json keys
+
+
+def save_tiny_bert_tokenizer(folder: Path) -> tuple[Path, int]:
+    """A word-level tokenizer laid out like bert-base-uncased's ([PAD] 0, [CLS] prompt [SEP]); (folder, size)."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", *sorted(set(
+        "a photo of the sign that says hello world red green blue black white clock bench cat dog on".split()))]
+    vocab = {word: index for index, word in enumerate(words)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.normalizer = normalizers.Lowercase()
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, model_max_length=512, pad_token="[PAD]",
+                                        unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]")
+    tokenizer.save_pretrained(folder)
+    return folder, len(words)
+
+
+def save_tiny_imagereward(folder: Path, seed: int = 0) -> tuple[Path, Path, dict]:
+    """ImageReward.pt's layout (blip.visual_encoder.*, blip.text_encoder.*, blip.*_proj, mlp.layers.*) for a tiny
+    BLIP (a 64-wide ViT of 8-px patches on 32-px images, a 32-wide BERT with cross-attention), random, with its
+    med_config.json beside it and a tokenizer folder. Returns (checkpoint, tokenizer, med_config)."""
+    import json
+
+    tokenizer, vocab_size = save_tiny_bert_tokenizer(folder / "tokenizer")
+    med = {**TINY_MED_CONFIG, "vocab_size": vocab_size}
+    generator = torch.Generator().manual_seed(seed)
+
+    def rand(*shape: int, scale: float = 0.2) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator) * scale
+
+    def linear(name: str, d_out: int, d_in: int) -> dict[str, torch.Tensor]:
+        return {f"{name}.weight": rand(d_out, d_in), f"{name}.bias": rand(d_out)}
+
+    def norm(name: str, width: int) -> dict[str, torch.Tensor]:
+        return {f"{name}.weight": 1 + rand(width), f"{name}.bias": rand(width)}
+
+    width, patch, image_size, depth = 64, 8, 32, 2
+    v = "blip.visual_encoder."
+    state = {v + "cls_token": rand(1, 1, width), v + "pos_embed": rand(1, (image_size // patch) ** 2 + 1, width),
+             v + "patch_embed.proj.weight": rand(width, 3, patch, patch), v + "patch_embed.proj.bias": rand(width),
+             **norm(v + "norm", width)}
+    for i in range(depth):
+        b = f"{v}blocks.{i}."
+        state.update({**norm(b + "norm1", width), **linear(b + "attn.qkv", 3 * width, width),
+                      **linear(b + "attn.proj", width, width), **norm(b + "norm2", width),
+                      **linear(b + "mlp.fc1", 4 * width, width), **linear(b + "mlp.fc2", width, 4 * width)})
+    t, hidden, inner = "blip.text_encoder.", med["hidden_size"], med["intermediate_size"]
+    state.update({t + "embeddings.word_embeddings.weight": rand(vocab_size, hidden),
+                  t + "embeddings.position_embeddings.weight": rand(med["max_position_embeddings"], hidden),
+                  **norm(t + "embeddings.LayerNorm", hidden)})
+    for i in range(med["num_hidden_layers"]):
+        layer = f"{t}encoder.layer.{i}."
+        for attention, d_kv in (("attention", hidden), ("crossattention", width)):
+            state.update({**linear(layer + attention + ".self.query", hidden, hidden),
+                          **linear(layer + attention + ".self.key", hidden, d_kv),
+                          **linear(layer + attention + ".self.value", hidden, d_kv),
+                          **linear(layer + attention + ".output.dense", hidden, hidden),
+                          **norm(layer + attention + ".output.LayerNorm", hidden)})
+        state.update({**linear(layer + "intermediate.dense", inner, hidden),
+                      **linear(layer + "output.dense", hidden, inner), **norm(layer + "output.LayerNorm", hidden)})
+    state.update({**linear("blip.vision_proj", 16, width), **linear("blip.text_proj", 16, hidden)})
+    for index, (d_in, d_out) in zip((0, 2, 4, 6, 7), ((hidden, 1024), (1024, 128), (128, 64), (64, 16), (16, 1)),
+                                    strict=True):
+        state.update(linear(f"mlp.layers.{index}", d_out, d_in))
+    folder.mkdir(parents=True, exist_ok=True)
+    checkpoint = folder / "ImageReward.pt"
+    torch.save(state, checkpoint)
+    (folder / "med_config.json").write_text(json.dumps(med))
+    return checkpoint, tokenizer, med
