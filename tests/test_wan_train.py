@@ -20,10 +20,12 @@ from typing import Any
 import pytest
 import torch
 import yaml
+from PIL import Image
 from test_resume_ray import kill_tree
 
 from spotlight.components.checkpoint import latest_checkpoint, load_model, load_training_state
 from spotlight.config import TrainConfig, parse_config
+from spotlight.report.html import write_report
 from spotlight.trainer import train
 
 ITERATIONS = 3
@@ -88,6 +90,10 @@ def test_vanilla_mode_trains_a_wan_folder_and_its_lora_loads_into_wan_pipeline(v
 
     assert_the_reward_moved(metrics(vanilla_run))
     assert (vanilla_run / "samples" / "iter-00003.png").is_file()  # filmstrips of the validation videos
+    with Image.open(vanilla_run / "samples" / "iter-00003.gif") as played:  # ... and the grid played, frame by frame
+        assert played.n_frames == 5
+    page = write_report([vanilla_run], vanilla_run / "report.html").read_text()
+    assert "data:image/gif;base64," in page
     pipe = diffusers.WanPipeline.from_pretrained(str(tiny_pipeline("wan")))
     pipe.set_progress_bar_config(disable=True)
 

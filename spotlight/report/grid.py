@@ -1,4 +1,8 @@
-"""Sample grids: a PNG of images with their prompts, so that a person looks at samples, not only numbers."""
+"""Sample grids: a PNG of images with their prompts, so that a person looks at samples, not only numbers.
+
+Videos (B, F, 3, H, W) get a PNG of filmstrips and, beside it, an animated GIF of the same grid frame by
+frame (``iter-*.gif``), which the report shows in place of the PNG.
+"""
 
 from __future__ import annotations
 
@@ -16,10 +20,22 @@ def save_grid(
     """Write images (B, 3, H, W) in [0, 1] as rows of ``columns`` images, each row captioned with its prompt.
 
     Rows are prompt-major: images ``[r*columns, (r+1)*columns)`` share ``prompts[r*columns]``. Videos
-    (B, F, 3, H, W) are shown as filmstrips (`filmstrips`).
+    (B, F, 3, H, W) are shown as filmstrips (`filmstrips`) and played in ``path`` with suffix ``.gif``.
     """
+    path.parent.mkdir(parents=True, exist_ok=True)
     if images.dim() == 5:
+        frames = [_drawn(images[:, frame], prompts, columns, scale, caption_width) for frame in range(images.shape[1])]
+        frames[0].save(path.with_suffix(".gif"), save_all=True, append_images=frames[1:], duration=GIF_FRAME_MS,
+                       loop=0)
         images = filmstrips(images)
+    _drawn(images, prompts, columns, scale, caption_width).save(path)
+
+
+GIF_FRAME_MS = 125  # 8 frames a second
+
+
+def _drawn(images: torch.Tensor, prompts: Sequence[str], columns: int, scale: int, caption_width: int) -> Image.Image:
+    """The grid of images (B, 3, H, W) as one picture."""
     batch, _, height, width = images.shape
     rows = (batch + columns - 1) // columns
     cell_h, cell_w = height * scale, width * scale
@@ -32,8 +48,7 @@ def save_grid(
         canvas.paste(tile, (caption_width + column * (cell_w + 2), row * (cell_h + 2)))
         if column == 0:
             draw.text((4, row * (cell_h + 2) + cell_h // 2 - 6), prompts[index], fill=(230, 230, 230))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    canvas.save(path)
+    return canvas
 
 
 FILMSTRIP_FRAMES = 8

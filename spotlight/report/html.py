@@ -33,8 +33,8 @@ th:first-child, td:first-child, td.mode { text-align: left; }
 """
 
 
-def _image(png: bytes, alt: str) -> str:
-    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+def _image(png: bytes, alt: str, mime: str = "image/png") -> str:
+    return f'<img alt="{html.escape(alt)}" src="data:{mime};base64,{base64.b64encode(png).decode()}">'
 
 
 def _duration(seconds: float) -> str:
@@ -89,6 +89,8 @@ def _grid_html(run: Run) -> str:
     """The run's latest sample grid, captioned with its file name (which carries the iteration)."""
     if run.latest_grid is None:
         content = '<p class="not-logged">no sample grid (samples/iter-*.png)</p>'
+    elif (played := run.latest_grid.with_suffix(".gif")).is_file():  # a video run's grid, played (report/grid.py)
+        content = _image(played.read_bytes(), f"{run.name} {played.name}", "image/gif")
     else:
         content = _image(run.latest_grid.read_bytes(), f"{run.name} {run.latest_grid.name}")
     caption = html.escape(run.name) + (f" — {run.latest_grid.name}" if run.latest_grid else "")
