@@ -19,6 +19,7 @@ from spotlight.models.pipelines.family_config import DiffusersPolicyConfig
 from spotlight.models.pipelines.folder import PipelineFolderError, read_pipeline_folder
 from spotlight.models.pipelines.policy import PipelinePolicy
 from spotlight.models.rebuild import policy_from_config
+from spotlight.sim.planning.model_folders import model_folder
 
 PROMPT = "a red ball rolls left"
 NEGATIVE = "blurry"
@@ -128,3 +129,16 @@ def test_the_memory_estimate_counts_every_latent_frames_tokens(tiny_pipeline) ->
         return result.total
 
     assert estimate(9) > estimate(5) > estimate(1)  # 5, 3 and 1 latent frames of 16 x 16
+
+
+def test_a_wan22_folder_with_two_experts_is_refused_in_one_line(tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    source = read_pipeline_folder(model_folder("wan2.1-t2v-14b")).path
+    shutil.copytree(source, tmp_path / "wan22")
+    index = json.loads((tmp_path / "wan22" / "model_index.json").read_text())
+    index.update(transformer_2=["diffusers", "WanTransformer3DModel"], boundary_ratio=0.875)
+    (tmp_path / "wan22" / "model_index.json").write_text(json.dumps(index))
+    with pytest.raises(PipelineFolderError, match="Wan2.2 pipeline .* pass a Wan2.1 text-to-video folder"):
+        read_pipeline_folder(tmp_path / "wan22")

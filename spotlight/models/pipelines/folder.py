@@ -303,6 +303,9 @@ def _read(folder: Path) -> PipelineFolder:
         if needed not in components:
             raise PipelineFolderError(f"{folder}/model_index.json lists no {needed}: Spotlight needs the pipeline's "
                                       f"transformer, vae, text encoders and scheduler; pass the full pipeline folder")
+    if "transformer_2" in components or index.get("expand_timesteps"):  # Wan2.2 A14B's experts, TI2V-5B's timesteps
+        raise PipelineFolderError(f"{folder} is a Wan2.2 pipeline (transformer_2 / expand_timesteps), which Spotlight "
+                                  f"does not post-train yet: pass a Wan2.1 text-to-video folder")
     def config(part: str, file: str, what: str) -> dict[str, Any]:
         """``part``'s config as its class reads it: the keys it omits are the class's defaults (folder_defaults)."""
         entry = index.get(part)
