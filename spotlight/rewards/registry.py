@@ -133,6 +133,13 @@ def _imagereward(section: RewardSection) -> Reward:
                                         section.model_device, section.batch_size)
 
 
+def _vlm_judge(section: RewardSection) -> Reward:
+    from spotlight.rewards.models.vlm_judge import VLMJudgeReward
+
+    return VLMJudgeReward.from_folder(section.models.vlm_judge, section.judge_question, section.model_device,
+                                      section.batch_size)
+
+
 def _temporal() -> Reward:
     from spotlight.rewards.video import TemporalConsistency
 
@@ -142,6 +149,7 @@ def _temporal() -> Reward:
 _BUILDERS: dict[str, Callable[[RewardSection], Reward]] = {
     "shapes": _shapes, "ocr-line": _ocr_line, "ocr": _ocr_scene, "geneval": _geneval,
     "pickscore": _pickscore, "clipscore": _clipscore,
-    "aesthetic": _aesthetic, "hps": _hps, "imagereward": _imagereward, "temporal": lambda section: _temporal(),
+    "aesthetic": _aesthetic, "hps": _hps, "imagereward": _imagereward,
+    "vlm-judge": _vlm_judge, "temporal": lambda section: _temporal(),
 }
 assert set(_BUILDERS) == set(BUILTIN_REWARDS), "every documented built-in reward has a builder"

@@ -27,6 +27,7 @@ BUILTIN_REWARDS: dict[str, str] = {
     "aesthetic": "the LAION aesthetic predictor (an MLP on CLIP ViT-L/14 image embeddings), AVA's 1-10 scale",
     "hps": "HPSv2.1 (an OpenCLIP ViT-H-14 fine-tuned on human preferences): 100 * cos(image, prompt)",
     "imagereward": "ImageReward (BLIP's image-grounded text encoder + an MLP head), normalised as released",
+    "vlm-judge": "a Qwen2.5-VL asked a yes/no question about each image (reward.judge_question): P('yes')",
     "temporal": "videos: 1 - the mean absolute change between consecutive frames (images score 1)",
 }
 FUNCTION_NAME = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -61,6 +62,7 @@ class RewardModelsSection(Section):
     hps_processor: str | None = None
     imagereward: str | None = None  # imagereward: ImageReward.pt, with the release's med_config.json beside it
     imagereward_tokenizer: str | None = None  # imagereward: bert-base-uncased's tokenizer folder
+    vlm_judge: str | None = None  # vlm-judge: a Qwen2.5-VL folder (model + tokenizer with its chat template)
 
     @field_validator("detector_class")
     @classmethod
@@ -90,6 +92,8 @@ class RewardSection(Section):
     # videos (a Wan folder): a built-in image reward scores every frame; a video's reward is their mean or min
     frames: Literal["mean", "min"] = "mean"
     models: RewardModelsSection = RewardModelsSection()
+    # vlm-judge: the question asked of each image, {prompt} replaced by its prompt; the reward is P("yes")
+    judge_question: str = "Does this image show {prompt}? Answer yes or no."
     # the OCR reward's pool of threads reading images in parallel (null: the cores this process may use, less one)
     workers: int | None = Field(None, ge=1)
     # score each finished chunk of a rollout while the next chunk is sampled (rewards/background.py, rewards/pool.py)
@@ -114,6 +118,14 @@ class RewardSection(Section):
             raise ValueError("reward.weights is empty; name at least one reward, e.g. {ocr: 1.0}")
         for term in value:
             check_reward_name(term, "reward.weights key")
+        return value
+
+    @field_validator("judge_question")
+    @classmethod
+    def _asks_about_the_prompt(cls, value: str) -> str:
+        if "{prompt}" not in value:
+            raise ValueError(f"reward.judge_question {value!r} has no {{prompt}}; put {{prompt}} where the image's "
+                             "prompt goes, e.g. 'Does this image show {prompt}? Answer yes or no.'")
         return value
 
     @model_validator(mode="after")

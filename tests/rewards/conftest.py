@@ -30,3 +30,10 @@ def tiny_imagereward(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pa
     from tiny_models import save_tiny_imagereward
 
     return save_tiny_imagereward(tmp_path_factory.mktemp("models") / "tiny-imagereward")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen_vl(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tiny_models import save_tiny_qwen_vl
+
+    return save_tiny_qwen_vl(tmp_path_factory.mktemp("models") / "tiny-qwen2.5-vl")

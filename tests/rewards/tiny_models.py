@@ -235,3 +235,46 @@ def save_tiny_imagereward(folder: Path, seed: int = 0) -> tuple[Path, Path, dict
     torch.save(state, checkpoint)
     (folder / "med_config.json").write_text(json.dumps(med))
     return checkpoint, tokenizer, med
+
+
+QWEN_CHAT_TEMPLATE = (  # Qwen2-VL's chat layout for text and image parts, without its tool and video branches
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% for part in message['content'] %}{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% else %}{{ part['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def save_tiny_qwen_vl(folder: Path, seed: int = 0) -> Path:
+    """A 2-layer Qwen2.5-VL (32-wide text, 2-block vision tower with 14-px patches) with a word-level tokenizer
+    holding Qwen's special tokens and a chat template, saved with save_pretrained."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+               "<|video_pad|>"]
+    words = ["<unk>", *special, *sorted(set(
+        "yes no Yes No does this image show answer or a photo of the red green blue clock bench cat dog on sign "
+        "that says hello world user assistant system ? .".split()))]
+    vocab = {word: index for index, word in enumerate(words)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", pad_token="<|endoftext|>",
+                                        eos_token="<|im_end|>", additional_special_tokens=special[1:])
+    tokenizer.chat_template = QWEN_CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    torch.manual_seed(seed)
+    config = Qwen2_5_VLConfig(
+        text_config={"vocab_size": len(words), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                     "num_attention_heads": 2, "num_key_value_heads": 1,
+                     "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3]},
+                     "bos_token_id": None, "eos_token_id": vocab["<|im_end|>"], "pad_token_id": 0},
+        vision_config={"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 32,
+                       "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 56,
+                       "fullatt_block_indexes": [1]},
+        image_token_id=vocab["<|image_pad|>"], video_token_id=vocab["<|video_pad|>"],
+        vision_start_token_id=vocab["<|vision_start|>"], vision_end_token_id=vocab["<|vision_end|>"])
+    model = Qwen2_5_VLForConditionalGeneration(config)
+    with torch.no_grad():  # larger logits than the init's, so P(yes) varies between images and prompts
+        model.lm_head.weight.mul_(20)
+    model.save_pretrained(folder)
+    return folder
