@@ -81,3 +81,18 @@ def test_runs_train_against_hps_and_a_per_term_mix_of_hps_and_aesthetic(tiny_bas
     for record in trained:
         expected = record["rollout/reward/hps"] + 0.5 * record["rollout/reward/aesthetic"]
         assert record["rollout/reward_mean"] == pytest.approx(expected, abs=1e-4)
+
+
+def test_a_run_trains_against_a_per_term_mix_of_imagereward_and_the_vlm_judge(tiny_base_model, tiny_imagereward,
+                                                                              tiny_qwen_vl, tmp_path):
+    checkpoint, tokenizer, _ = tiny_imagereward
+    models = {"imagereward": str(checkpoint), "imagereward_tokenizer": str(tokenizer), "vlm_judge": str(tiny_qwen_vl)}
+    records = _run(tmp_path / "judged", tiny_base_model, {
+        "weights": {"imagereward": 1.0, "vlm-judge": 2.0}, "normalize": "per_term", "models": models,
+        "judge_question": "Does this image show {prompt} ? Answer yes or no ."})
+    trained = [record for record in records if "rollout/reward_mean" in record]
+    assert len(trained) == 2
+    for record in trained:
+        assert 0 <= record["rollout/reward/vlm-judge"] <= 1
+        expected = record["rollout/reward/imagereward"] + 2.0 * record["rollout/reward/vlm-judge"]
+        assert record["rollout/reward_mean"] == pytest.approx(expected, abs=1e-4)
