@@ -144,3 +144,23 @@ def test_a_wan_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_result
     final_clean = load_model(latest_checkpoint(vanilla_run)).state_dict()
     final_again = load_model(latest_checkpoint(killed_dir)).state_dict()
     assert all(torch.equal(final_again[name], tensor) for name, tensor in final_clean.items())
+
+
+@pytest.mark.slow
+def test_flow_grpo_fully_fine_tunes_a_wan_folder_on_videos(tiny_pipeline, tmp_path: Path) -> None:
+    """Flow-GRPO's SDE log-probs of guided video steps, every transformer weight trained; the checkpoint's
+    transformer/ folder is what WanPipeline.from_pretrained(base, transformer=...) loads."""
+    from diffusers import WanTransformer3DModel
+
+    run_dir = tmp_path / "run"
+    config = settings(tiny_pipeline("wan"), run_dir)
+    config.update(iterations=2)
+    config["model"]["finetune"] = "full"
+    config["train"].update(algorithm="flow-grpo", learning_rate=1e-3)
+    train(parse_config(TrainConfig, config))
+    records = metrics(run_dir)
+    assert [record["iteration"] for record in records] == [0, 1, 2]
+    assert all(record["train/grad_norm"] > 0 for record in records[1:])
+    trained = WanTransformer3DModel.from_pretrained(str(latest_checkpoint(run_dir) / "transformer"))
+    base = WanTransformer3DModel.from_pretrained(str(tiny_pipeline("wan") / "transformer"))
+    assert any(not torch.equal(a, b) for a, b in zip(trained.parameters(), base.parameters(), strict=True))
