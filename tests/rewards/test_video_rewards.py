@@ -66,3 +66,14 @@ def test_the_registry_builds_temporal_and_wraps_built_in_image_rewards_per_frame
     assert isinstance(build_named("temporal", section), TemporalConsistency)  # it judges videos itself
     shapes = build_named("shapes", section)
     assert isinstance(shapes, PerFrameReward) and shapes.reduce == "min"
+
+
+def test_videos_cross_the_reward_servers_wire_whole() -> None:
+    from spotlight.rewards.server.wire import WireError, decode_request, encode_request
+
+    clips = videos()
+    decoded, prompts = decode_request(encode_request(clips, ["a", "b"]))
+    assert decoded.shape == (2, 3, 3, 8, 8) and prompts == ["a", "b"]
+    torch.testing.assert_close(decoded, clips, atol=1 / 255, rtol=0)
+    with pytest.raises(WireError, match="does not match"):
+        decode_request(encode_request(torch.rand(2, 3, 4, 8, 8), ["a", "b"]))  # channels must come third from last

@@ -369,7 +369,7 @@ class RewardServer:
             return 500, {"error": "injected failure (FaultPlan)"}
         if fault == "delay":
             await asyncio.sleep(self.faults.delay_s)
-        wrong_size = self._size_problem(tuple(images.shape[2:]))
+        wrong_size = self._size_problem(tuple(images.shape[-2:]))  # an image's or a video frame's
         if wrong_size is not None:
             batch = len(prompts)
             errors = [f"sample {i} ({prompt!r}): {wrong_size}" for i, prompt in enumerate(prompts)]

@@ -25,7 +25,8 @@ class WireError(ValueError):
 
 def encode_request(images: torch.Tensor, prompts: Sequence[str],
                    metadata: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
-    """Images (B, 3, H, W) in [0, 1], their prompts and (optionally) metadata as a JSON-ready request body."""
+    """Images (B, 3, H, W) or videos (B, F, 3, H, W) in [0, 1], their prompts and (optionally) metadata as a
+    JSON-ready request body."""
     pixels = (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy()
     body = {"shape": list(pixels.shape), "pixels": base64.b64encode(pixels.tobytes()).decode("ascii"),
             "prompts": list(prompts)}
@@ -45,7 +46,8 @@ def decode_metadata(body: dict[str, Any], batch: int) -> list[dict[str, Any]] | 
 
 
 def decode_request(body: dict[str, Any]) -> tuple[torch.Tensor, list[str]]:
-    """The images float32 (B, 3, H, W) in [0, 1] and prompts of a request body; WireError when malformed."""
+    """The images float32 (B, 3, H, W) or videos (B, F, 3, H, W) in [0, 1] and prompts of a request body; WireError
+    when malformed."""
     try:
         shape = body["shape"]
         if not isinstance(shape, list) or not all(type(size) is int and size > 0 for size in shape):
@@ -58,7 +60,7 @@ def decode_request(body: dict[str, Any]) -> tuple[torch.Tensor, list[str]]:
         raise WireError(f"malformed reward request ({type(error).__name__}: {' '.join(str(error).split())[:160]}); "
                         "send {'shape': [B, 3, H, W], 'pixels': base64 uint8, 'prompts': [...]}") from None
     # math.prod on Python ints: a numpy product of huge sizes wraps around and could match by accident
-    if len(shape) != 4 or shape[1] != 3 or math.prod(shape) != pixels.size or shape[0] != len(prompts):
+    if len(shape) not in (4, 5) or shape[-3] != 3 or math.prod(shape) != pixels.size or shape[0] != len(prompts):
         raise WireError(f"reward request shape {shape} does not match {pixels.size} pixels and {len(prompts)} "
                         "prompts; send images (B, 3, H, W) and B prompts")
     images = torch.from_numpy(pixels.reshape(shape).astype(np.float32) / 255.0)
