@@ -53,6 +53,8 @@ def save_real_hps(folder: Path) -> tuple[Path, Path]:
         if "position_ids" in name:
             continue
         state[_open_clip_name(name)] = tensor
+    for projection in ("visual.proj", "text_projection"):  # open_clip multiplies by them: x @ proj
+        state[projection] = state[projection].t().contiguous()
     for prefix in ("visual.transformer", "transformer"):
         for index in range(64):
             q = state.pop(f"{prefix}.resblocks.{index}.q_proj.weight", None)

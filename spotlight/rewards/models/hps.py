@@ -139,8 +139,9 @@ def load_hps_clip(file: str | None, device: str, field: str = "reward.models.hps
             renamed = open_clip_to_transformers(state)
             missing, unexpected = model.load_state_dict(renamed, strict=False)
         except (KeyError, RuntimeError) as error:  # a name or a shape of another architecture
+            detail = " ".join(str(error).split())[:240]  # load_state_dict names the mismatch on its second line
             raise RewardError(f"{field} {file} does not match the open_clip architecture "
-                              f"({type(error).__name__}: {str(error).splitlines()[0][:160]}); expected "
+                              f"({type(error).__name__}: {detail}); expected "
                               f"{RELEASE_LAYOUT}, or an open_clip_config.json beside it") from None
         missing = [name for name in missing if not name.endswith("position_ids")]
         if missing or unexpected:

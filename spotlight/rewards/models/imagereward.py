@@ -128,7 +128,7 @@ def load_imagereward(file: str | None, device: str, field: str = "reward.models.
             model = ImageRewardModel(*_configs(state, json.loads(med.read_text())))
             missing, unexpected = model.load_state_dict(_rename(state), strict=False)
         except (KeyError, RuntimeError, ValueError) as error:
-            cause = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+            cause = f"{type(error).__name__}: {' '.join(str(error).split())[:240]}"  # the mismatch, on one line
             raise RewardError(f"{field} {file} does not match BLIP's layout or med_config.json ({cause}); expected "
                               f"{RELEASE_LAYOUT}") from None
         missing = [name for name in missing if not name.endswith("position_ids")]
