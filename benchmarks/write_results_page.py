@@ -83,7 +83,7 @@ def machine_line(machine: object) -> str:
 
 # Benchmarks whose JSON is named for what they measured rather than for their program.
 SCRIPTS = {"disaggregated_measured": "disaggregated", "disaggregated_sim": "disaggregated",
-           "simulated_scaling": "simulate_scaling"}
+           "simulated_scaling": "simulate_scaling", "reward_model_throughput": "model_throughput"}
 
 
 def script_path(name: str) -> str:

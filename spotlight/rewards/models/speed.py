@@ -1,7 +1,7 @@
 """Images per second of a model reward, counted over its `score` calls.
 
 The number that decides whether a reward keeps up with sampling (docs/rewards.md, "Rewards off the critical
-path"); benchmarks/reward_model_throughput.py prints it. On CUDA the clock stops after the scores reach the
+path"); benchmarks/rewards/model_throughput.py prints it. On CUDA the clock stops after the scores reach the
 host, which the reward's `.cpu()` of its output already waits for, so no extra synchronisation is added.
 """
 
