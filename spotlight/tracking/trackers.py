@@ -119,7 +119,7 @@ class WandbTracker:
             project=self.section.project, entity=self.section.entity, group=self.section.group,
             tags=list(self.section.tags) or None, name=self.section.name or start.run_name, id=run_id,
             resume="allow", mode=mode, dir=str(start.run_dir), config={**start.config, **start.provenance},
-            settings=wandb.Settings(console="off", x_disable_stats=True, silent=True))
+            settings=wandb.Settings(console="off", x_disable_stats=True, silent=True, disable_git=True))
         return {"run_id": self.run.id, "mode": mode}
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
