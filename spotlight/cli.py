@@ -436,10 +436,10 @@ def make_tiny_pipeline(
     seed: Annotated[int, typer.Option(help="Every random weight is drawn from this seed.")] = 0,
 ) -> None:
     """Save a tiny random diffusers pipeline folder (real classes, a few layers) for model.pretrained, no download."""
-    from spotlight.models.pipelines.tiny import FAMILIES, save_tiny_pipeline
+    from spotlight.models.pipelines.tiny import TINY_PIPELINES, save_tiny_pipeline
 
-    if family not in FAMILIES:
-        _fail(ValueError(f"unknown family {family!r}: use one of {', '.join(FAMILIES)}"))
+    if family not in TINY_PIPELINES:
+        _fail(ValueError(f"unknown family {family!r}: use one of {', '.join(TINY_PIPELINES)}"))
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         _fail(ValueError(f"{folder} exists and is not an empty folder: pass a new folder"))
     # What transformers and diffusers print while the pipeline is built and saved (processor notices,

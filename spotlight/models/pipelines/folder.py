@@ -36,11 +36,15 @@ __all__ = ["PIPELINE_FAMILIES", "ComponentClassError", "PipelineFolder", "Pipeli
 PIPELINE_FAMILIES: dict[str, Family] = {
     "StableDiffusion3Pipeline": "sd3",
     "FluxPipeline": "flux",
+    "FluxKontextPipeline": "flux",  # FLUX.1 Kontext: FLUX's transformer, conditioned on a source image too
     "QwenImagePipeline": "qwen-image",
     "WanPipeline": "wan",
 }
 # the families whose samples are videos: latents (C, f, h, w) of num_frames frames (`PipelineFolder.latent_shape`)
 VIDEO_FAMILIES: frozenset[Family] = frozenset({"wan"})
+# the pipelines whose samples edit a source image (`spotlight.models.editing`): a dataset row is an instruction
+# and its image, and the image's latents join the model input
+EDIT_PIPELINES: frozenset[str] = frozenset({"FluxKontextPipeline"})
 DEFAULT_NUM_FRAMES = 81  # WanPipeline.__call__'s default
 # What the family's pipeline passes to calculate_shift when the scheduler config does not say
 # (SD3's pipeline defaults max_shift to 1.16, FLUX's and Qwen-Image's to 1.15).
@@ -110,6 +114,11 @@ class PipelineFolder:
         """Channels C of the unpacked (B, C, h, w) latents (FLUX / Qwen-Image transformers take 4C packed)."""
         in_channels = int(self.transformer["in_channels"])
         return in_channels if self.family in ("sd3", "wan") else in_channels // 4
+
+    @property
+    def edits(self) -> bool:
+        """Whether a sample edits a source image (an edit pipeline: instruction + image per dataset row)."""
+        return self.index.get("_class_name") in EDIT_PIPELINES
 
     @property
     def is_video(self) -> bool:

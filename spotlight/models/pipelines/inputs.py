@@ -22,12 +22,14 @@ class PromptEmbeddings:
     ``embeds`` (B, L, D): the text encoder's hidden states (T5/CLIP for SD3 and FLUX, Qwen2.5-VL for
     Qwen-Image); ``pooled`` (B, P): the pooled CLIP vector that SD3 and FLUX need; ``mask`` (B, L)
     bool, True = a real token, used by Qwen-Image (SD3 and FLUX attend to their padding embeddings,
-    as their pipelines do).
+    as their pipelines do). ``image`` (B, C, h, w): an edit pipeline's condition image, as latents (the
+    source image each row edits; `spotlight.models.editing`), None for text-to-image.
     """
 
     embeds: torch.Tensor
     pooled: torch.Tensor | None = None
     mask: torch.Tensor | None = None
+    image: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         batch = self.embeds.shape[0]
@@ -39,6 +41,8 @@ class PromptEmbeddings:
             raise ValueError(
                 f"mask must be (B, L) = {tuple(self.embeds.shape[:2])} like embeds (got {tuple(self.mask.shape)})"
             )
+        if self.image is not None and (self.image.dim() != 4 or self.image.shape[0] != batch):
+            raise ValueError(f"image must be (B, C, h, w) latents with B = {batch} (got {tuple(self.image.shape)})")
 
     def __len__(self) -> int:
         return self.embeds.shape[0]
@@ -51,6 +55,7 @@ class PromptEmbeddings:
             embeds=self.embeds[rows],
             pooled=None if self.pooled is None else self.pooled[rows],
             mask=None if self.mask is None else self.mask[rows],
+            image=None if self.image is None else self.image[rows],
         )
 
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> PromptEmbeddings:
@@ -59,6 +64,7 @@ class PromptEmbeddings:
             embeds=self.embeds.to(device=device, dtype=dtype),
             pooled=None if self.pooled is None else self.pooled.to(device=device, dtype=dtype),
             mask=None if self.mask is None else self.mask.to(device=device, dtype=torch.bool),
+            image=None if self.image is None else self.image.to(device=device, dtype=dtype),
         )
 
 
@@ -97,6 +103,17 @@ def latent_image_ids(grid_height: int, grid_width: int, device: torch.device | N
 
 
 _LATENT_IMAGE_IDS: dict[tuple[int, int, str, int | None], torch.Tensor] = {}
+
+
+def with_condition_tokens(tokens: torch.Tensor, ids: torch.Tensor,
+                          image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """FLUX.1 Kontext's input: the packed condition latents ``image`` (B, C, h', w') appended to the target's
+    ``tokens`` along the sequence, and their RoPE ids (first channel 1, then row and column) after ``ids``."""
+    grid_height, grid_width = image.shape[-2] // 2, image.shape[-1] // 2
+    condition_ids = latent_image_ids(grid_height, grid_width, tokens.device).clone()
+    condition_ids[:, 0] = 1.0
+    return (torch.cat([tokens, pack_latents(image.to(tokens.dtype))], dim=1),
+            torch.cat([ids, condition_ids], dim=0))
 
 
 def moved_to(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -143,7 +160,11 @@ def transformer_velocity(
     cond = PromptEmbeddings(  # the loop's conditioning is on x's device already: a dtype cast at most
         embeds=moved_to(cond.embeds, x.device).to(dtype=model_dtype),
         pooled=None if cond.pooled is None else moved_to(cond.pooled, x.device).to(dtype=model_dtype),
-        mask=None if cond.mask is None else moved_to(cond.mask, x.device))
+        mask=None if cond.mask is None else moved_to(cond.mask, x.device),
+        image=None if cond.image is None else moved_to(cond.image, x.device).to(dtype=model_dtype))
+    if cond.image is not None and family != "flux":
+        raise ValueError(f"a condition image (PromptEmbeddings.image) is an input of FLUX.1 Kontext; the {family} "
+                         "transformer takes none: drop it, or load a FluxKontextPipeline folder")
     sigma = moved_to(sigma, x.device).to(dtype=torch.float32).expand(batch)
     if family in ("sd3", "flux") and cond.pooled is None:
         raise ValueError(f"{family} needs pooled prompt embeddings (PromptEmbeddings.pooled, (B, P)): "
@@ -162,9 +183,12 @@ def transformer_velocity(
         if transformer.config.guidance_embeds:
             guidance = torch.full((batch,), guidance_scale, dtype=torch.float32, device=x.device)
         text_ids = torch.zeros(cond.embeds.shape[1], 3, device=x.device)
+        image_ids = latent_image_ids(height // 2, width // 2, x.device)
+        if cond.image is not None:  # Kontext: the source image's tokens after the target's, their ids marked 1
+            tokens, image_ids = with_condition_tokens(tokens, image_ids, cond.image)
         out = transformer(hidden_states=tokens, encoder_hidden_states=cond.embeds, pooled_projections=cond.pooled,
-                          timestep=sigma, img_ids=latent_image_ids(height // 2, width // 2, x.device),
-                          txt_ids=text_ids, guidance=guidance, return_dict=False)[0]
+                          timestep=sigma, img_ids=image_ids, txt_ids=text_ids, guidance=guidance,
+                          return_dict=False)[0][:, :(height // 2) * (width // 2)]
     else:
         img_shapes = [[(1, height // 2, width // 2)]] * batch
         out = transformer(hidden_states=tokens, encoder_hidden_states=cond.embeds,

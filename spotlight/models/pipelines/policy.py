@@ -52,6 +52,9 @@ class PipelinePolicy(DiffusersPolicy):
         self._latent_size = folder.latent_size(config.resolution or folder.default_resolution)
         self.true_cfg = uses_true_cfg(config.family, config.guidance_scale,
                                       bool(getattr(transformer.config, "guidance_embeds", False)))
+        if self.true_cfg and folder.edits:
+            raise ValueError(f"{folder.path} is an edit pipeline without a guidance embedding: true CFG against a "
+                             "negative prompt is not implemented for edits; set rollout.guidance_scale 1")
 
     @classmethod
     def from_config(cls, config: DiffusersPolicyConfig) -> PipelinePolicy:
@@ -70,7 +73,13 @@ class PipelinePolicy(DiffusersPolicy):
         dtype = torch.float32 if config.finetune == "full" else config.torch_dtype
         transformer = load_transformer(config.family, str(folder.path), dtype)
         prompts = PromptCache(folder, config.torch_dtype, config.max_sequence_length)
-        return cls(transformer, config, folder, prompts, LatentDecoder(folder, config.torch_dtype))
+        decoder = LatentDecoder(folder, config.torch_dtype)
+        if folder.edits:  # each row's source image encoded once, beside its instruction (spotlight.models.editing)
+            from spotlight.models.editing.condition import ConditionImages
+
+            prompts.condition = ConditionImages(decoder, config.resolution or folder.default_resolution,
+                                                folder.vae_scale_factor)
+        return cls(transformer, config, folder, prompts, decoder)
 
     # --- what the loop asks of it ----------------------------------------------------------------
 

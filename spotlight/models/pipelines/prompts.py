@@ -115,6 +115,7 @@ class PromptCache:
         self._warned = False
         self._rows: dict[int, PromptEmbeddings] = {}
         self._texts: dict[int, str] = {}
+        self.condition: Any = None  # an edit folder's `spotlight.models.editing.condition.ConditionImages`
 
     def __deepcopy__(self, memo: dict[int, Any]) -> PromptCache:
         """Shared, not copied: the encoders are frozen and the cache a pure function of the text, so the
@@ -167,9 +168,7 @@ class PromptCache:
         if self._pipe is None:
             import diffusers
 
-            from spotlight.models.pipelines.folder import PIPELINE_FAMILIES
-
-            name = next(cls for cls, family in PIPELINE_FAMILIES.items() if family == self.family)
+            name = str(self.folder.index.get("_class_name"))  # the folder's own pipeline (Kontext: its own)
             # the text half of the pipeline: its encode_prompt is the reference we must equal
             with quiet_loading():
                 self._pipe = getattr(diffusers, name).from_pretrained(
@@ -201,7 +200,11 @@ class PromptCache:
 
     def _encode(self, pipe: Any, prompts: list[str], device: torch.device) -> list[PromptEmbeddings]:
         """``pipe.encode_prompt`` of a batch of prompts, as the family's pipeline calls it: one row each, on
-        ``device`` (Qwen-Image's cut to the prompt's own length)."""
+        ``device`` (Qwen-Image's cut to the prompt's own length); an edit key's row also holds its source image's
+        latents (``condition``), the text encoders seeing only its instruction."""
+        sources: list[str | None] = []
+        if self.condition is not None:
+            prompts, sources = self.condition.split(prompts)
         if self.family == "sd3":
             embeds, _, pooled, _ = pipe.encode_prompt(
                 prompt=prompts, prompt_2=None, prompt_3=None, device=device,
@@ -221,8 +224,11 @@ class PromptCache:
             pooled = None
             # the batch is padded to its longest prompt: each row keeps its own length (one read per batch)
             lengths = [embeds.shape[1]] * len(prompts) if mask is None else mask.sum(dim=1).tolist()
+        images = dict(zip((path for path in sources if path), self.condition.encode([p for p in sources if p]),
+                          strict=True)) if any(sources) else {}
         return [PromptEmbeddings(embeds=embeds[index:index + 1, :length].clone(),
-                                 pooled=None if pooled is None else pooled[index:index + 1].clone())
+                                 pooled=None if pooled is None else pooled[index:index + 1].clone(),
+                                 image=images[sources[index]].to(device) if sources and sources[index] else None)
                 for index, length in enumerate(lengths)]
 
     def _encode_new(self, keys: Sequence[int]) -> None:
@@ -284,7 +290,8 @@ class PromptCache:
     @property
     def cached_bytes(self) -> int:
         """Bytes of the cached rows (what the cache holds on ``device``)."""
-        return sum(row.embeds.nbytes + (0 if row.pooled is None else row.pooled.nbytes) for row in self._rows.values())
+        return sum(row.embeds.nbytes + sum(0 if part is None else part.nbytes for part in (row.pooled, row.image))
+                   for row in self._rows.values())
 
     # --- lookup --------------------------------------------------------------------------------
 
@@ -312,7 +319,8 @@ class PromptCache:
         row_lengths = tuple(lengths[where[key]] for key in keys)
         rows = PromptEmbeddings(
             embeds=table.embeds.index_select(0, positions),
-            pooled=None if table.pooled is None else table.pooled.index_select(0, positions))
+            pooled=None if table.pooled is None else table.pooled.index_select(0, positions),
+            image=None if table.image is None else table.image.index_select(0, positions))
         negative_row = None if negative is None else _on(self.row(negative), device)
         negative_length = 0 if negative_row is None else negative_row.embeds.shape[1]
         bounds = to_device(torch.tensor([*row_lengths, negative_length], dtype=torch.int64), device)
@@ -328,8 +336,7 @@ class PromptCache:
         lengths = [row.embeds.shape[1] for row in rows]
         longest = max(lengths)
         if all(length == longest for length in lengths):
-            return PromptEmbeddings(embeds=torch.cat([row.embeds for row in rows]),
-                                    pooled=None if rows[0].pooled is None else torch.cat([row.pooled for row in rows]))
+            return stack_rows(rows)[0]
         first = rows[0].embeds
         embeds = torch.zeros(len(rows), longest, first.shape[2], dtype=first.dtype, device=first.device)
         mask = torch.zeros(len(rows), longest, dtype=torch.bool, device=first.device)
@@ -376,7 +383,11 @@ def stack_rows(rows: list[PromptEmbeddings]) -> tuple[PromptEmbeddings, list[int
     longest = max(lengths)
     embeds = torch.cat([F.pad(row.embeds, (0, 0, 0, longest - row.embeds.shape[1])) for row in rows])
     pooled = None if rows[0].pooled is None else torch.cat([row.pooled for row in rows])
-    return PromptEmbeddings(embeds=embeds, pooled=pooled), lengths
+    if len({row.image is None for row in rows}) > 1:
+        raise ValueError("a batch mixes edit rows (a source image) with plain prompts: an edit pipeline's batch "
+                         "is all edit rows (instruction + \"image\" in the dataset)")
+    image = None if rows[0].image is None else torch.cat([row.image for row in rows])
+    return PromptEmbeddings(embeds=embeds, pooled=pooled, image=image), lengths
 
 
 @dataclass(frozen=True)
@@ -437,11 +448,12 @@ class PromptBatch:
             parts.append(_fit(self.negative, longest).expand(guided_count))
         embeds = torch.cat([part.embeds for part in parts])
         pooled = None if parts[0].pooled is None else torch.cat([part.pooled for part in parts])
+        image = self.rows.image  # an edit row's source latents (no true CFG on an edit folder: no negative half)
         if all(length == longest for length in lengths):
-            return PromptEmbeddings(embeds=embeds, pooled=pooled)
+            return PromptEmbeddings(embeds=embeds, pooled=pooled, image=image)
         positions = torch.arange(longest, device=embeds.device)
         bounds = self._bounds(guided_count, embeds.device)
-        return PromptEmbeddings(embeds=embeds, pooled=pooled, mask=positions[None, :] < bounds[:, None])
+        return PromptEmbeddings(embeds=embeds, pooled=pooled, mask=positions[None, :] < bounds[:, None], image=image)
 
     def _bounds(self, guided_count: int, device: torch.device) -> torch.Tensor:
         """The rows' lengths and ``guided_count`` negative lengths, (B + G,) on the device."""

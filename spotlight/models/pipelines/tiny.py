@@ -23,8 +23,8 @@ import torch
 
 from spotlight.models.pipelines.family_config import Family
 
-__all__ = ["FAMILIES", "build_tiny_pipeline", "character_tokenizer", "clip_text_encoder", "qwen_vl_text_encoder",
-           "save_tiny_pipeline", "t5_encoder"]
+__all__ = ["FAMILIES", "TINY_PIPELINES", "build_tiny_pipeline", "character_tokenizer", "clip_text_encoder",
+           "qwen_vl_text_encoder", "save_tiny_pipeline", "t5_encoder"]
 
 FAMILIES: tuple[Family, ...] = ("sd3", "flux", "qwen-image", "wan")
 CLIP_MAX_LENGTH = 77  # CLIP's position table; the SD3 / FLUX pipelines pad CLIP prompts to the tokenizer's max
@@ -172,10 +172,13 @@ def _wan() -> dict[str, Any]:
 
 
 _PARTS = {"sd3": (_sd3, "StableDiffusion3Pipeline"), "flux": (_flux, "FluxPipeline"),
-          "qwen-image": (_qwen_image, "QwenImagePipeline"), "wan": (_wan, "WanPipeline")}
+          "qwen-image": (_qwen_image, "QwenImagePipeline"), "wan": (_wan, "WanPipeline"),
+          "flux-kontext": (_flux, "FluxKontextPipeline")}  # Kontext: FLUX's parts, saved as the edit pipeline
+# what make-tiny-pipeline builds: the families, and the edit pipelines by their own names
+TINY_PIPELINES: tuple[str, ...] = (*FAMILIES, "flux-kontext")
 
 
-def build_tiny_pipeline(family: Family, seed: int = 0) -> Any:
+def build_tiny_pipeline(family: Family | str, seed: int = 0) -> Any:
     """A tiny random pipeline of ``family`` (the diffusers pipeline object), every weight drawn from ``seed``.
 
     The caller's random stream is left as it was (a forked RNG).
@@ -194,7 +197,7 @@ def build_tiny_pipeline(family: Family, seed: int = 0) -> Any:
     return getattr(diffusers, pipeline_class)(**parts)
 
 
-def save_tiny_pipeline(family: Family, folder: str | Path, seed: int = 0) -> Path:
+def save_tiny_pipeline(family: Family | str, folder: str | Path, seed: int = 0) -> Path:
     """Build a tiny ``family`` pipeline and ``save_pretrained`` it into ``folder`` (created); returns the folder."""
     from spotlight.models.pipelines.folder import component_class, read_pipeline_folder
 

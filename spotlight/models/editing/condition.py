@@ -1,0 +1,64 @@
+"""Source images as FLUX.1 Kontext's condition latents, encoded once per dataset row.
+
+What ``FluxKontextPipeline.__call__`` does with its ``image`` argument, for a row of an edit dataset:
+the image is resized to the run's resolution (the pipeline keeps the source's own size, rounded to a
+multiple of 16 pixels, or with ``_auto_resize`` one of Kontext's preferred sizes; Spotlight's samples
+share one size so that a batch stacks, so the source takes the target's), preprocessed by the
+pipeline's ``VaeImageProcessor`` to [-1, 1], encoded by the VAE at its distribution's mode (the
+pipeline's ``sample_mode="argmax"``) and normalised as ``(z - shift_factor) * scaling_factor``. The
+latents (1, C, h, w) join the row's text embeddings in `spotlight.models.pipelines.prompts.PromptCache`,
+so each row pays for one VAE encode per process, as it pays for one text encode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from spotlight.models.editing.sample_key import split_sample_key
+
+__all__ = ["ConditionImages"]
+
+
+class ConditionImages:
+    """The condition latents of edit keys at ``resolution`` (H, W), through ``decoder``'s VAE (shared, loaded once)."""
+
+    def __init__(self, decoder: Any, resolution: tuple[int, int], vae_scale_factor: int) -> None:
+        from diffusers.image_processor import VaeImageProcessor
+
+        self.decoder = decoder
+        self.resolution = resolution
+        self.processor = VaeImageProcessor(vae_scale_factor=vae_scale_factor * 2)  # as FluxKontextPipeline builds it
+
+    @staticmethod
+    def split(keys: Sequence[str]) -> tuple[list[str], list[str | None]]:
+        """The instructions (what the text encoders see) and the source paths (None: a plain prompt) of ``keys``."""
+        pairs = [split_sample_key(key) for key in keys]
+        return [text for text, _ in pairs], [path for _, path in pairs]
+
+    def load(self, path: str) -> Any:
+        """The source image at ``path`` as RGB; a one-line error naming the file when it cannot be read."""
+        from PIL import Image, UnidentifiedImageError
+
+        try:
+            with Image.open(path) as image:
+                return image.convert("RGB")
+        except (OSError, UnidentifiedImageError) as error:
+            raise ValueError(f"edit source image {path} cannot be read ({error}): check the dataset row's "
+                             "\"image\" path (relative to the dataset folder)") from None
+
+    def encode(self, paths: Sequence[str]) -> list[torch.Tensor]:
+        """One (1, C, h, w) latent per path, on the VAE's device, in the VAE's dtype, without gradients."""
+        height, width = self.resolution
+        vae = self.decoder.vae
+        config = vae.config
+        rows = []
+        with torch.no_grad():
+            for path in paths:
+                image = self.processor.resize(self.load(path), height, width)
+                pixels = self.processor.preprocess(image, height, width).to(self.decoder.device, vae.dtype)
+                latents = vae.encode(pixels).latent_dist.mode()
+                rows.append((latents - (config.shift_factor or 0.0)) * config.scaling_factor)
+        return rows
