@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spotlight.data.edit_key import edit_sample_key, split_sample_key
 from spotlight.schema import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -110,6 +111,22 @@ def read_metadata_file(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+def edit_row(record: dict[str, Any], folder: Path, meta: Path) -> dict[str, Any]:
+    """An edit dataset's row (an ``"image"`` beside the instruction) as the loop carries it: ``prompt`` becomes
+    the row's key (instruction + the image's absolute path, `spotlight.data.edit_key`), since
+    one instruction may come with many images; ``instruction`` keeps the text and ``image`` the absolute path,
+    which an edit reward reads its source image from. A row without ``"image"`` is returned as it is."""
+    image = record.get("image")
+    if image is None:
+        return record
+    path = folder / image if isinstance(image, str) else None
+    if path is None or not path.is_file():
+        raise DatasetError(f"{meta}: the row {record['prompt']!r} names image {image!r}, which is not a file under "
+                           f"{folder}: give each edit row's source image as a path relative to the dataset folder")
+    key = edit_sample_key(record["prompt"], path)
+    return {**record, "prompt": key, "instruction": record["prompt"], "image": split_sample_key(key)[1]}
+
+
 def _split_files(folder: Path, split: str) -> tuple[Path | None, Path | None]:
     text, metadata = folder / f"{split}{TEXT_SUFFIX}", folder / f"{split}{METADATA_SUFFIX}"
     return (text if text.is_file() else None), (metadata if metadata.is_file() else None)
@@ -146,7 +163,7 @@ def load_prompt_folder(folder: str | Path) -> PromptDataset:
     for split, (text, meta) in files.items():
         if uses_metadata:
             assert meta is not None
-            records = read_metadata_file(meta)
+            records = [edit_row(record, folder, meta) for record in read_metadata_file(meta)]
             for record in records:
                 prompt = record["prompt"]
                 if prompt in metadata and metadata[prompt] != record:

@@ -3,7 +3,8 @@
 The function takes (images float (N, 3, H, W) in [0, 1], prompts: list[str], metadata: list[dict])
 and returns N numbers (a list, a numpy array or a tensor). This is the shape flow_grpo's reward
 functions have, so one written for it needs only its images converted. Metadata is a list of empty
-dicts when the prompt dataset has none, so a function that ignores metadata runs on any dataset.
+dicts when the prompt dataset has none, so a function that ignores metadata runs on any dataset. An
+edit dataset's record also holds its row's ``instruction`` and ``source_image`` (float (3, H, W) in [0, 1]).
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ class FunctionReward:
     def score(self, images: torch.Tensor, prompts: Sequence[str],
               metadata: Sequence[Metadata] | None = None) -> RewardOutput:
         records = [dict(record) for record in metadata] if metadata is not None else [{} for _ in prompts]
+        for record in records:  # an edit row's source image (spotlight.rewards.edit), as float (3, H, W) in [0, 1]
+            if isinstance(record.get("image"), str) and "instruction" in record:
+                from spotlight.rewards.edit import load_source_image
+
+                record["source_image"] = load_source_image(record["image"])
         raw = self.function(images, list(prompts), records)
         try:
             rewards = torch.as_tensor(raw if isinstance(raw, torch.Tensor) else list(raw),

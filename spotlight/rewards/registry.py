@@ -146,10 +146,23 @@ def _temporal() -> Reward:
     return TemporalConsistency()
 
 
+def _edit(section: RewardSection) -> Reward:
+    from spotlight.rewards.edit import EditReward
+
+    return EditReward(_clipscore(section))
+
+
+def _edit_preserve(section: RewardSection) -> Reward:
+    from spotlight.rewards.edit import EditReward
+
+    return EditReward()
+
+
 _BUILDERS: dict[str, Callable[[RewardSection], Reward]] = {
     "shapes": _shapes, "ocr-line": _ocr_line, "ocr": _ocr_scene, "geneval": _geneval,
     "pickscore": _pickscore, "clipscore": _clipscore,
     "aesthetic": _aesthetic, "hps": _hps, "imagereward": _imagereward,
     "vlm-judge": _vlm_judge, "temporal": lambda section: _temporal(),
+    "edit": _edit, "edit-preserve": _edit_preserve,
 }
 assert set(_BUILDERS) == set(BUILTIN_REWARDS), "every documented built-in reward has a builder"

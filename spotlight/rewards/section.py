@@ -29,6 +29,8 @@ BUILTIN_REWARDS: dict[str, str] = {
     "imagereward": "ImageReward (BLIP's image-grounded text encoder + an MLP head), normalised as released",
     "vlm-judge": "a Qwen2.5-VL asked a yes/no question about each image (reward.judge_question): P('yes')",
     "temporal": "videos: 1 - the mean absolute change between consecutive frames (images score 1)",
+    "edit": "edits: 0.5 * CLIPScore(edit, instruction) + 0.5 * (1 - mean |edit - source|) (needs an edit dataset)",
+    "edit-preserve": "edits: 1 - the mean absolute pixel difference from the row's source image (no model)",
 }
 FUNCTION_NAME = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 

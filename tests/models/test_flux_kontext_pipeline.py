@@ -1,7 +1,7 @@
 """A tiny FLUX.1 Kontext folder as an edit policy, against ``FluxKontextPipeline`` itself (issue 45).
 
 A sample is a dataset row: an instruction and the source image it edits, one string through the loop
-(`spotlight.models.editing.sample_key`). The source image's latents ride in the row's conditioning,
+(`spotlight.data.edit_key`). The source image's latents ride in the row's conditioning,
 packed after the target's tokens with RoPE ids whose first channel is 1. Spotlight's ODE rollout equals
 ``FluxKontextPipeline.__call__`` from the same initial latents, steps and guidance (``max_area = H * W``
 and ``_auto_resize=False``: the pipeline would otherwise resize the source to ~1 MP), and a LoRA Spotlight
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from spotlight.data.edit_key import edit_sample_key, split_sample_key
 from spotlight.diffusion.noise import initial_latents
 from spotlight.diffusion.sampler import SamplingPlan, sample
-from spotlight.models.editing.sample_key import edit_sample_key, split_sample_key
 from spotlight.models.pipelines.family_config import DiffusersPolicyConfig
 from spotlight.models.pipelines.folder import read_pipeline_folder
 from spotlight.models.pipelines.policy import PipelinePolicy

@@ -1,6 +1,6 @@
 """Instruction-based image editing (FLUX.1 Kontext): what an edit pipeline folder adds to the image pipelines' code.
 
 A sample is a dataset row, an instruction and the source image it edits, carried through the loop as one
-string (`sample_key`); the source image's latents ride in the row's conditioning (`PromptEmbeddings.image`),
-encoded once per row and cached beside its text embeddings (`condition`).
+string (`spotlight.data.edit_key`); the source image's latents ride in the row's conditioning
+(`PromptEmbeddings.image`), encoded once per row and cached beside its text embeddings (`condition`).
 """

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from spotlight.models.editing.sample_key import split_sample_key
+from spotlight.data.edit_key import split_sample_key
 
 __all__ = ["ConditionImages"]
 
