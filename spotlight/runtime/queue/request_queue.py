@@ -253,6 +253,8 @@ class RequestQueue:
         self._forgotten_below = max(newest + 1, self._forgotten_below or newest + 1)
         for rid in settled:
             del self._entries[rid]
+        # a request cancelled while pending is settled but still has its place in line: drop the place too
+        self._pending = deque(rid for rid in self._pending if rid in self._entries)
         self._forgotten += len(settled)
         return len(settled)
 
