@@ -16,7 +16,7 @@ from spotlight.models.pipelines.folder import PipelineFolderError, read_pipeline
 from spotlight.schema import ConfigError
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-RECIPES = ("sd35m-ocr-lora", "flux-dev-geneval-lora", "qwen-image-ocr-lora")
+RECIPES = ("sd35m-ocr-lora", "flux-dev-geneval-lora", "qwen-image-ocr-lora", "flux-kontext-edit-lora")
 
 
 @pytest.mark.parametrize("name", RECIPES)
@@ -57,3 +57,10 @@ def test_the_placeholder_folder_is_one_line_naming_the_field(name: str) -> None:
         read_pipeline_folder(config.model.pretrained)
     message = str(raised.value)
     assert "\n" not in message and message.startswith(f"model.pretrained {config.model.pretrained} is not a folder")
+
+
+def test_kontext_recipe_trains_edits_of_the_shipped_edit_set() -> None:
+    """Issue 45: FLUX.1 Kontext on rows of instruction + source image, rewarded by the edit reward."""
+    config = load_config(TrainConfig, CONFIGS / "flux-kontext-edit-lora.yaml")
+    assert (config.reward.name, config.data.dataset, config.rollout.guidance_scale) == ("edit", "shapes-edit", 2.5)
+    assert config.reward.models.clip and config.model.pretrained.endswith("FLUX.1-Kontext-dev")
