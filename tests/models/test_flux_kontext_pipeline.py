@@ -151,3 +151,25 @@ def test_make_tiny_pipeline_flux_kontext_writes_a_kontext_folder(tmp_path: Path)
     assert result.exit_code == 0, result.output
     folder = read_pipeline_folder(tmp_path / "kontext")
     assert folder.edits and folder.index["_class_name"] == "FluxKontextPipeline"
+
+
+def test_the_plan_counts_the_source_images_tokens(tiny_pipeline) -> None:
+    """spotlight plan and the memory estimate see an edit's sequence: the target's tokens and the source's."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from spotlight.models.pipelines.inputs import PromptEmbeddings, transformer_velocity
+    from spotlight.models.pipelines.loading import load_transformer
+    from spotlight.sim.planning.forward_flops import count_forward_flops
+
+    kontext, flux = read_pipeline_folder(tiny_pipeline("flux-kontext")), read_pipeline_folder(tiny_pipeline("flux"))
+    counted = count_forward_flops(kontext, (SIZE, SIZE), LENGTH)
+    plain = count_forward_flops(flux, (SIZE, SIZE), LENGTH)
+    assert counted.image_tokens == 2 * plain.image_tokens == 2 * LATENT ** 2 // 4
+    transformer = load_transformer("flux", str(kontext.path), torch.float32)
+    latents = torch.randn(1, 4, LATENT, LATENT)
+    cond = PromptEmbeddings(embeds=torch.randn(1, LENGTH, 32), pooled=torch.randn(1, 16),
+                            image=torch.randn_like(latents))
+    with FlopCounterMode(display=False) as meter, torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
+        transformer_velocity(transformer, "flux", latents, torch.tensor([0.5]), cond)
+    assert counted.flops == pytest.approx(meter.get_total_flops(), rel=0.05)

@@ -146,10 +146,11 @@ class PipelineFolder:
         return (self.latent_channels, height, width)
 
     def image_tokens(self, resolution: tuple[int, int], num_frames: int | None = None) -> int:
-        """The transformer's latent tokens per sample: patches of the latent image, or of every latent frame."""
+        """The transformer's latent tokens per sample: patches of the latent image, or of every latent frame; an
+        edit pipeline's as many again (the source image's, at the same size, follow the target's)."""
         height, width = self.latent_size(resolution)
         frames = self.num_latent_frames(num_frames) if self.is_video else 1
-        return frames * (height // self._patch) * (width // self._patch)
+        return frames * (height // self._patch) * (width // self._patch) * (2 if self.edits else 1)
 
     @property
     def default_resolution(self) -> tuple[int, int]:

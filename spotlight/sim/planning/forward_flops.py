@@ -168,7 +168,8 @@ def _meta_inputs(folder: PipelineFolder, latent_shape: tuple[int, ...], tokens: 
         pooled = torch.zeros(batch, int(config["pooled_projection_dim"]), device=meta)
     width = int(config.get("joint_attention_dim") or config["text_dim"])  # Wan names it text_dim
     embeds = torch.zeros(batch, tokens, width, device=meta)
-    return latents, torch.full((batch,), 0.5, device=meta), PromptEmbeddings(embeds=embeds, pooled=pooled)
+    image = latents if folder.edits else None  # an edit's source latents: as many tokens again
+    return latents, torch.full((batch,), 0.5, device=meta), PromptEmbeddings(embeds=embeds, pooled=pooled, image=image)
 
 
 def count_forward_flops(folder: PipelineFolder, resolution: tuple[int, int], tokens: int, batch: int = 1,
@@ -191,6 +192,8 @@ def count_forward_flops(folder: PipelineFolder, resolution: tuple[int, int], tok
     folder.latent_shape(size, num_frames)  # a resolution (or frame count) the model cannot take fails here
     key = {"transformer": folder.transformer, "family": folder.family, "resolution": size, "tokens": tokens,
            "batch": batch, "lora": lora, "backward": backward}
+    if folder.edits:
+        key["edits"] = True
     if folder.is_video:
         key["num_frames"] = num_frames
     counted = cached("forward", key,
