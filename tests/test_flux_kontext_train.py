@@ -3,7 +3,7 @@ shipped, generated ``shapes-edit`` set.
 
 Each sample is a row: its instruction and its source image, whose latents join the transformer's input.
 The reward is ``edit-preserve`` (1 - the mean absolute difference from the row's own source image; no
-model, so the run needs no download). A ``vanilla`` run trains (the validation reward rises), and every
+model, so the run needs no download). Modes ``vanilla`` and ``spotlight`` train (the validation reward rises), and every
 checkpoint's LoRA loads with ``FluxKontextPipeline``'s own ``load_lora_weights`` and changes its edit.
 """
 
@@ -76,3 +76,20 @@ def test_vanilla_mode_trains_kontext_edits_and_every_lora_loads_into_kontext_pip
         pipe.set_adapters([f"iteration{index}"])
         assert (edit() - before).abs().max() > 1e-3, checkpoint
     assert latest_checkpoint(run_dir) is not None
+
+
+@pytest.mark.slow
+def test_spotlight_mode_trains_kontext_edits(tiny_pipeline, tmp_path: Path) -> None:
+    """Explored edits on a spot device (another process: it encodes each row's instruction and source itself)."""
+    import ray
+
+    config = settings(tiny_pipeline("flux-kontext"), tmp_path / "run")
+    config.update(mode="spotlight", explore={"monitor_prompts": 1})
+    config["runtime"] = {"trace": None, "max_wall_s": None, "explore_wait_s": 120.0, "node_timeout_s": 240.0,
+                         "planner": {"num_candidates": [8], "num_steps": [2]}}
+    summary = train(parse_config(TrainConfig, config))
+    assert any("planner/num_candidates" in record for record in summary.history[2:])
+    records = metrics(tmp_path / "run")
+    assert [record["iteration"] for record in records] == list(range(ITERATIONS + 1))
+    assert records[-1]["val/reward"] - records[0]["val/reward"] > 2e-4, [r["val/reward"] for r in records]
+    assert not ray.is_initialized()
