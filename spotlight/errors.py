@@ -45,6 +45,7 @@ KNOWN_ERRORS = (
     ("spotlight.runtime.sp.reconfigure", "ReconfigureError"),
     ("spotlight.report.run_data", "ReportError"),
     ("spotlight.models.pipelines.loading", "DiffusersLoadError"),
+    ("spotlight.models.editing.condition", "EditRowError"),
 )
 
 

@@ -173,3 +173,25 @@ def test_the_plan_counts_the_source_images_tokens(tiny_pipeline) -> None:
     with FlopCounterMode(display=False) as meter, torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
         transformer_velocity(transformer, "flux", latents, torch.tensor([0.5]), cond)
     assert counted.flops == pytest.approx(meter.get_total_flops(), rel=0.05)
+
+
+def test_an_edit_row_on_a_text_to_image_folder_is_one_known_line(tiny_pipeline, source: Path) -> None:
+    from spotlight.errors import is_known
+    from spotlight.models.editing.condition import EditRowError
+
+    policy = kontext_policy(tiny_pipeline("flux"))
+    with pytest.raises(EditRowError, match="is an edit row .* holds a text-to-image pipeline") as raised:
+        policy.tokenize([edit_sample_key(INSTRUCTION, source)])
+    assert is_known(raised.value) and "\n" not in str(raised.value)
+
+
+def test_rows_another_process_encoded_carry_their_source_latents(tiny_pipeline, source: Path) -> None:
+    """K trainer ranks each encode part of an iteration's rows and hand them over (PromptCache.export / adopt)."""
+    key = edit_sample_key(INSTRUCTION, source)
+    encoder, receiver = (kontext_policy(tiny_pipeline("flux-kontext")) for _ in range(2))
+    receiver.prompts.adopt(encoder.prompts.export([key]))
+    row = receiver.prompts.row(encoder.prompts.ids([key]).item())
+    assert row.image is not None and row.image.shape == (1, 4, LATENT, LATENT)
+    torch.testing.assert_close(row.image, encoder.prompts.row(encoder.prompts.ids([key]).item()).image)
+    tokens = torch.tensor([[encoder.prompts.ids([key]).item(), 0]])  # [prompt id, guided]: bound, not encoded
+    assert receiver.bind_prompts(tokens).forward_embeddings(0).image.shape == (1, 4, LATENT, LATENT)

@@ -17,9 +17,29 @@ from typing import Any
 
 import torch
 
-from spotlight.data.edit_key import split_sample_key
+from spotlight.data.edit_key import SOURCE_MARK, split_sample_key
 
-__all__ = ["ConditionImages"]
+__all__ = ["ConditionImages", "EditRowError", "split_edit_rows"]
+
+
+class EditRowError(ValueError):
+    """An edit row where no edit can be made (a text-to-image folder) or a source image that cannot be read;
+    one line naming the cause and the fix (a known error: the CLI prints it without a traceback)."""
+
+
+def split_edit_rows(keys: Sequence[str], condition: ConditionImages | None,
+                    folder: Any) -> tuple[list[str], list[str | None]]:
+    """(what the text encoders see, each row's source path or None) of prompt strings ``keys``: an edit
+    folder's split, a text-to-image folder's prompts as they are; an edit row given to a text-to-image folder
+    is refused in one line (its encoders would read the path as words and never see the image)."""
+    if condition is not None:
+        return condition.split(keys)
+    edit_rows = [key for key in keys if SOURCE_MARK in key]
+    if edit_rows:
+        raise EditRowError(f"data.dataset: {split_sample_key(edit_rows[0])[0]!r} is an edit row (with a source "
+                           f"image) but {folder.path} holds a text-to-image pipeline: point model.pretrained at an "
+                           "edit pipeline folder (FluxKontextPipeline), or use a dataset without \"image\" rows")
+    return list(keys), [None] * len(keys)
 
 
 class ConditionImages:
@@ -46,7 +66,7 @@ class ConditionImages:
             with Image.open(path) as image:
                 return image.convert("RGB")
         except (OSError, UnidentifiedImageError) as error:
-            raise ValueError(f"edit source image {path} cannot be read ({error}): check the dataset row's "
+            raise EditRowError(f"edit source image {path} cannot be read ({error}): check the dataset row's "
                              "\"image\" path (relative to the dataset folder)") from None
 
     def encode(self, paths: Sequence[str]) -> list[torch.Tensor]:

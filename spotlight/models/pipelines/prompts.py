@@ -66,6 +66,7 @@ import torch
 import torch.nn.functional as F
 
 from spotlight.diffusion.sampler import to_device
+from spotlight.models.editing.condition import split_edit_rows
 from spotlight.models.pipelines.folder import PipelineFolder
 from spotlight.models.pipelines.inputs import PromptEmbeddings
 from spotlight.models.pipelines.loading import quiet_loading
@@ -202,9 +203,7 @@ class PromptCache:
         """``pipe.encode_prompt`` of a batch of prompts, as the family's pipeline calls it: one row each, on
         ``device`` (Qwen-Image's cut to the prompt's own length); an edit key's row also holds its source image's
         latents (``condition``), the text encoders seeing only its instruction."""
-        sources: list[str | None] = []
-        if self.condition is not None:
-            prompts, sources = self.condition.split(prompts)
+        prompts, sources = split_edit_rows(prompts, self.condition, self.folder)
         if self.family == "sd3":
             embeds, _, pooled, _ = pipe.encode_prompt(
                 prompt=prompts, prompt_2=None, prompt_3=None, device=device,
@@ -225,7 +224,7 @@ class PromptCache:
             # the batch is padded to its longest prompt: each row keeps its own length (one read per batch)
             lengths = [embeds.shape[1]] * len(prompts) if mask is None else mask.sum(dim=1).tolist()
         images = dict(zip((path for path in sources if path), self.condition.encode([p for p in sources if p]),
-                          strict=True)) if any(sources) else {}
+                          strict=True)) if any(sources) else {}  # each source once, however many rows name it
         return [PromptEmbeddings(embeds=embeds[index:index + 1, :length].clone(),
                                  pooled=None if pooled is None else pooled[index:index + 1].clone(),
                                  image=images[sources[index]].to(device) if sources and sources[index] else None)
