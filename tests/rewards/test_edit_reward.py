@@ -93,3 +93,19 @@ def test_a_function_reward_receives_each_rows_source_image() -> None:
     reward.function = lambda images, prompts, records: seen.update(records[0]) or [0.0] * len(prompts)
     reward.score(sources, keys, metadata)
     assert torch.equal(seen["source_image"], sources[0])
+
+
+def test_the_builtin_edit_reward_is_clipscore_on_the_instruction_plus_preservation(tiny_clip) -> None:
+    from spotlight.rewards.preference import CLIPScoreReward
+    from spotlight.rewards.registry import build_reward
+    from spotlight.rewards.section import RewardSection
+
+    reward = build_reward(RewardSection(name="edit", models={"clip": str(tiny_clip)}))
+    dataset = load_prompt_folder(resolve_dataset_folder("shapes-edit"))
+    keys = dataset.train[:2]
+    metadata = dataset.metadata_for(keys)
+    images = torch.rand(2, 3, 64, 64)
+    scored = call_score(reward, images, keys, metadata)
+    clip = CLIPScoreReward.from_folder(str(tiny_clip)).score(images, [record["instruction"] for record in metadata])
+    torch.testing.assert_close(scored.terms["clipscore"], clip.rewards)
+    torch.testing.assert_close(scored.rewards, 0.5 * clip.rewards + 0.5 * preservation(images, keys, metadata))
