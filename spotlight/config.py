@@ -177,6 +177,17 @@ class EvalSection(Section):
     target_accuracy: float | None = Field(None, ge=0, le=1)  # end the run at the first validation reaching it
     num_steps: int = Field(10, ge=1)
     grid_prompts: int = Field(8, ge=1)
+    # a reward the run does not train on, scored on the same validation images (val/held_out_reward): a watch
+    # on reward hacking (train on PickScore, watch HPS); select_by held_out picks checkpoints/best by it
+    held_out_reward: RewardSection | None = None
+    select_by: Literal["score", "held_out"] = "score"
+
+    @model_validator(mode="after")
+    def _held_out_to_select_by(self) -> EvalSection:
+        if self.select_by == "held_out" and self.held_out_reward is None:
+            raise ValueError("eval.select_by held_out picks the best model by eval.held_out_reward: set it "
+                             "(e.g. eval.held_out_reward.name=hps), or select_by score")
+        return self
 
 
 class TrainConfig(Section):

@@ -73,7 +73,7 @@ from spotlight.ranks.group import TrainerRanks
 from spotlight.ranks.rollout import score_share
 from spotlight.report.grid import save_grid
 from spotlight.rewards.base import Reward, RewardOutput
-from spotlight.rewards.registry import build_loop_reward
+from spotlight.rewards.registry import build_loop_reward, build_reward
 from spotlight.rl.kl_control import AdaptiveTrust
 from spotlight.rl.rollout_update import build_optimizer, rollout_update
 from spotlight.run_error import RunError
@@ -172,6 +172,9 @@ class Trainer:
         # the prompts: data.dataset, or the task's preset; a metadata reward reads each prompt's record from it
         self.dataset = open_dataset(config.data.dataset) if config.data.dataset is not None else task.dataset()
         self.reward = bind_metadata(self.reward, self.dataset)
+        held_out = config.eval.held_out_reward  # validation's watch on reward hacking (eval.held_out_reward)
+        self.held_out = None if held_out is None else bind_metadata(build_reward(held_out, task.make_reward),
+                                                                     self.dataset)
         self.train_prompts = self.dataset.train
         self.val_prompts = validation_subset(self.dataset.test, config.eval.prompts)
         if config.data.train_kinds is not None:
@@ -293,7 +296,8 @@ class Trainer:
         # the disaggregated backend's generators keep to training, so it validates on the trainer
         sampler = getattr(self.backend, "validation_samples", None)
         return evaluate(model, self.val_prompts, self.reward, section.seeds_per_prompt, section.num_steps,
-                        self.config.rollout.shift, self.dataset.kind_of, rollout_plan(self.config), sampler)
+                        self.config.rollout.shift, self.dataset.kind_of, rollout_plan(self.config), sampler,
+                        self.held_out, section.select_by == "held_out")  # held_out: a reward it does not train on
 
     def run(self, on_iteration: Callable[[int, dict[str, Any]], None] | None = None,
             max_wall_s: float | None = None) -> RunSummary:

@@ -61,10 +61,15 @@ class EvalResult:
     prompts: list[str]
     has_strict: bool = True
     rewards: torch.Tensor | None = None  # each sample's reward (B,), for the trackers' captions
+    held_out_reward: float | None = None  # the mean of eval.held_out_reward on the same images, if set
+    selects_held_out: bool = False  # eval.select_by held_out: the held-out reward picks the best model
 
     @property
     def score(self) -> float:
-        """What a run selects its best checkpoint by: strict accuracy, or the mean reward without a strict flag."""
+        """What a run selects its best checkpoint by: strict accuracy, or the mean reward without a strict flag
+        (or, with ``eval.select_by held_out``, the held-out reward's mean)."""
+        if self.selects_held_out and self.held_out_reward is not None:
+            return self.held_out_reward
         return self.strict_accuracy if self.has_strict else self.mean_reward
 
     @property
@@ -82,9 +87,12 @@ class EvalResult:
         return (p * (1.0 - p) / max(self.num_samples, 1)) ** 0.5
 
     def metrics(self, prefix: str = "val") -> dict[str, float]:
+        strict_score = self.has_strict and not (self.selects_held_out and self.held_out_reward is not None)
         out = {f"{prefix}/strict_accuracy": self.strict_accuracy, f"{prefix}/reward": self.mean_reward,
                f"{prefix}/strict_accuracy_se": self.strict_accuracy_se, f"{prefix}/score": self.score,
-               f"{prefix}/score_is_strict": float(self.has_strict)}
+               f"{prefix}/score_is_strict": float(strict_score)}
+        if self.held_out_reward is not None:
+            out[f"{prefix}/held_out_reward"] = self.held_out_reward
         per_kind = "accuracy" if self.has_strict else "reward"
         out.update({f"{prefix}/{per_kind}_{kind}": value for kind, value in self.accuracy_by_kind.items()})
         return out
@@ -132,12 +140,13 @@ def model_kind_of(model: Policy) -> KindOf | None:
 def evaluate(
     model: Policy, prompts: Sequence[str], reward: Reward, seeds_per_prompt: int = 4, num_steps: int = 10,
     shift: float = 1.0, kind_of: KindOf | None = None, schedule: SamplingPlan | None = None,
-    sampler: ValidationSampler | None = None,
+    sampler: ValidationSampler | None = None, held_out: Reward | None = None, select_held_out: bool = False,
 ) -> EvalResult:
     """Score ODE samples of every prompt at fixed seeds: the reward's mean and strict accuracy, overall and per kind.
 
     ``kind_of`` names each prompt's kind (a dataset's `PromptDataset.kind_of`); None: the kinds of the
-    model's toy task, if it has one. Prompts of no kind are left out of the per-kind numbers.
+    model's toy task, if it has one. Prompts of no kind are left out of the per-kind numbers. ``held_out``
+    (``eval.held_out_reward``) scores the same images too; with ``select_held_out`` it is the result's score.
     ``schedule``: the rollout's plan (or a pipeline's `ScheduleParams`), whose sigma schedule validation
     keeps with its own ``num_steps`` of ODE; None: the policy's own scheduler if it has one (a pipeline
     folder), else Spotlight's schedule with ``shift``. ``sampler``: where the samples are drawn (a backend's
@@ -177,7 +186,15 @@ def evaluate(
         prompts=expanded,
         has_strict=has_strict,
         rewards=scored.rewards,
+        held_out_reward=None if held_out is None else held_out_mean(held_out, images, expanded),
+        selects_held_out=select_held_out,
     )
+
+
+def held_out_mean(reward: Reward, images: torch.Tensor, prompts: list[str]) -> float:
+    """The mean of a held-out reward (``eval.held_out_reward``) over validation's images (its valid samples)."""
+    scored = guarded_score(reward, images, prompts)
+    return float(scored.rewards[scored.valid].mean()) if scored.valid.any() else float("nan")
 
 
 def validation_score(record: dict[str, Any]) -> float:
