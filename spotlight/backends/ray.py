@@ -176,35 +176,43 @@ class RayBackend:
         return chosen
 
     def rollout(self, iteration: int, prompts: list[str], seeds: torch.Tensor) -> Trajectory:
-        """Sample the groups on the on-demand device and the spot devices holding θ_i, chunk by chunk.
+        """Sample the groups on the on-demand device and the idle spot devices holding θ_i, one part each.
 
-        With spot devices held, the groups are cut into chunks of about one forward batch (whole groups),
-        which the trainer takes from the front and idle devices from the back (`SampleShare`): whichever is
-        faster samples more, and a chunk a device loses comes back to the trainer. Without, one part here.
+        The parts are fixed when the rollout starts (part 0 here, part k on idle device k), not taken by
+        whoever is free first: which process samples a part is then the same in a run and in its resumed
+        copy whenever the same devices are idle, so their latents are the same bits (a device's float
+        arithmetic need not match the trainer's bit for bit). A part whose device is lost is redone here.
         """
         cluster, plan = self.cluster, rollout_plan(self.config)
         self.marks.rollout_started = cluster.now()
         with cluster.lock:
-            helpers = self.mode.rents_spot and bool(cluster.pool.devices())
-        per_chunk = max(1, self.config.runtime.forward_batch // seeds.shape[1]) if helpers else len(prompts)
-        chunks = [group_requests(prompts[k:k + per_chunk], seeds[k:k + per_chunk])
-                  for k in range(0, len(prompts), per_chunk)]
-        here_s, here_rows = 0.0, 0
+            helpers = cluster.pool.devices(version=iteration, state="idle") if self.mode.rents_spot else []
+        helpers = helpers[:len(prompts) - 1]  # a part per device, none empty: more devices than prompts idle
+        parts = np.array_split(np.arange(len(prompts)), 1 + len(helpers))
+        requests = [group_requests([prompts[p] for p in part], seeds[part]) for part in parts]
+        with cluster.lock:
+            for device, (part_prompts, part_seeds) in zip(helpers, requests[1:], strict=True):
+                cluster.pool.call(device, "rollout", "sample", part_prompts, part_seeds, plan, iteration)
+        started = cluster.now()
+        trajectories: dict[int, Trajectory | None] = {0: self._sample_here(requests[0])}
+        if self.view.planner is not None:  # a measured cost for the first round (then ignored)
+            self.view.planner.observe_prior((cluster.now() - started) / (len(requests[0][0]) * plan.num_steps))
+        index = {device: k + 1 for k, device in enumerate(helpers)}
 
-        def here(chunk: tuple[list[str], list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-            nonlocal here_s, here_rows
-            started = cluster.now()
-            trajectory = self._sample_here(chunk)
-            here_s, here_rows = here_s + cluster.now() - started, here_rows + len(chunk[0])
-            return trajectory.latents, trajectory.log_probs
+        def collected() -> bool:
+            for result in [r for r in cluster.finished if r.phase == "rollout"]:
+                cluster.finished.remove(result)
+                trajectories[index[result.device_id]] = (None if result.call is None or result.call.result is None
+                                                         else Trajectory(*result.call.result, start_step=0))
+            return len(trajectories) == len(parts)
 
-        ordered = sample_shared(cluster, SampleShare(cluster.pool, cluster.finished, iteration, plan, chunks,
-                                                     "rollout", True), here)
-        if self.view.planner is not None and here_rows:  # a measured cost for the first round (then ignored)
-            self.view.planner.observe_prior(here_s / (here_rows * plan.num_steps))
+        cluster.wait(collected)
+        for k, trajectory in trajectories.items():
+            if trajectory is None:  # its device was preempted (or held other weights): redo the part here
+                trajectories[k] = self._sample_here(requests[k])
+        ordered = [trajectories[k] for k in range(len(parts))]
         self.marks.rollout_ended = cluster.now()  # sampled; scoring is billed to the rollout too
-        return Trajectory(torch.cat([latents for latents, _ in ordered]),
-                          torch.cat([log_probs for _, log_probs in ordered]), 0)
+        return Trajectory(torch.cat([t.latents for t in ordered]), torch.cat([t.log_probs for t in ordered]), 0)
 
     def training_started(self, iteration: int, budget_s: float) -> None:
         """Bill the scoring; in spotlight mode, open the round exploring P_{i+1} with θ_i."""
