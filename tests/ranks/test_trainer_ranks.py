@@ -101,6 +101,13 @@ def brightness(images: torch.Tensor, prompts, metadata) -> list[float]:
     return images.float().mean(dim=(1, 2, 3)).tolist()
 
 
+def paced_brightness(images: torch.Tensor, prompts, metadata) -> list[float]:
+    """`brightness` after half a second: iterations long enough that a rank killed right after the first
+    checkpoint dies mid-run (on an idle machine the toy's last three iterations took less than the kill)."""
+    time.sleep(0.5)
+    return brightness(images, prompts, metadata)
+
+
 def spotlight_train(config: Path, *extra: str) -> subprocess.Popen:
     paths = [str(Path(__file__).parent), str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}  # this module, and the tests' helpers
@@ -112,7 +119,7 @@ def test_a_rank_killed_mid_run_stops_the_run_with_one_line_and_resume_finishes_i
     run_dir = tmp_path / "run"
     config = tmp_path / "config.yaml"
     data = settings(tiny_base_model, run_dir, devices=2, iterations=4)
-    data["reward"] = {"name": "test_trainer_ranks:brightness"}  # rewards that vary: every update trains
+    data["reward"] = {"name": "test_trainer_ranks:paced_brightness"}  # rewards that vary: every update trains
     config.write_text(yaml.safe_dump(data))
     process = spotlight_train(config)
     ranks_file, deadline = run_dir / "trainer-ranks.json", time.monotonic() + 240
