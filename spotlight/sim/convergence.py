@@ -287,7 +287,8 @@ def load_measured_points(path: str | os.PathLike[str]) -> list[MeasuredPoint]:
         payload = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ValueError(
-            f"{path}: no such file; run `python benchmarks/learning/time_to_target.py` (from the repository root) to measure it"
+            f"{path}: no such file; run `python benchmarks/learning/time_to_target.py` (from the repository root) "
+            "to measure it"
         ) from None
     except json.JSONDecodeError as error:
         raise ValueError(f"{path}: not valid JSON ({error.msg} at line {error.lineno})") from None

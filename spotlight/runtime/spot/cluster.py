@@ -291,7 +291,8 @@ class SpotCluster:
                     self._collect(lost)
         # A controller that fell behind (a tick blocked for seconds) can read a node's remove, add, remove, add
         # at once: its removals collapse into one above, and its returns must too, or the second add of a
-        # node that is up by then fails for ever and holds up every later join (seen in benchmarks/reliability/chaos.py).
+        # node that is up by then fails for ever and holds up every later join (seen in
+        # benchmarks/reliability/chaos.py).
         for joined in self.trace.returns():
             if joined.node_id not in self.joining:
                 self.joining.append(joined.node_id)
