@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
+from spotlight.rewards.background import concat
 from spotlight.rewards.base import Metadata, Reward, RewardError, RewardOutput, guarded_score
 from spotlight.rewards.section import RewardSection
-from spotlight.rewards.server.client import shift_sample_index
 from spotlight.rewards.server.wire import decode_output, encode_output
 
 START_TIMEOUT_S = 300.0  # building a reward may load a large model
@@ -144,14 +144,7 @@ class PooledReward:
         futures = self._take_prefetched(images, prompts, metadata)
         self.prefetched_used += futures is not None
         futures = futures or [self.submit(images, prompts, metadata)]
-        outputs = [future.result() for future in futures]
-        errors, start = [], 0
-        for out in outputs:
-            errors += [shift_sample_index(line, start) for line in out.errors]
-            start += out.rewards.shape[0]
-        terms = {term: torch.cat([out.terms[term] for out in outputs]) for term in outputs[0].terms}
-        return RewardOutput(torch.cat([o.rewards for o in outputs]), torch.cat([o.strict for o in outputs]),
-                            torch.cat([o.valid for o in outputs]), errors, terms)
+        return concat([future.result() for future in futures])
 
     def __reduce__(self) -> Any:
         raise RewardError("reward.overlap keeps the reward in a worker process of the trainer and cannot be sent "
