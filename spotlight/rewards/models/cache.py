@@ -12,6 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from spotlight.rewards.base import RewardError
+from spotlight.rewards.models.pixels import reward_dtype
+
 _LOADED: dict[tuple[str, str, str], Any] = {}
 _LOCK = threading.Lock()  # a worker process or the background reward thread may build rewards concurrently
 
@@ -34,3 +37,14 @@ def forget_all() -> None:
     """Drop every cached backbone (tests; a process that is done with its rewards)."""
     with _LOCK:
         _LOADED.clear()
+
+
+def release_loaded(model: Any, missing: list[str], unexpected: list[str], where: str, layout: str,
+                   device: str) -> Any:
+    """``model`` after a non-strict ``load_state_dict`` of a release checkpoint (``where``: the field and file):
+    one line naming the missing and unexpected weights (position ids, buffers transformers rebuilds, aside),
+    else the model on ``device`` in the reward dtype, in eval mode."""
+    missing = [name for name in missing if not name.endswith("position_ids")]
+    if missing or unexpected:
+        raise RewardError(f"{where}: weights missing {missing[:3]} / unexpected {unexpected[:3]}; expected {layout}")
+    return model.to(device=device, dtype=reward_dtype(device)).eval()

@@ -29,8 +29,8 @@ from typing import Any
 import torch
 
 from spotlight.rewards.base import RewardError, RewardOutput
-from spotlight.rewards.models.cache import shared
-from spotlight.rewards.models.pixels import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, clip_pixels, reward_dtype
+from spotlight.rewards.models.cache import release_loaded, shared
+from spotlight.rewards.models.pixels import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, clip_pixels
 from spotlight.rewards.models.speed import Throughput
 
 HPS_SCALE = 100.0
@@ -143,11 +143,7 @@ def load_hps_clip(file: str | None, device: str, field: str = "reward.models.hps
             raise RewardError(f"{field} {file} does not match the open_clip architecture "
                               f"({type(error).__name__}: {detail}); expected "
                               f"{RELEASE_LAYOUT}, or an open_clip_config.json beside it") from None
-        missing = [name for name in missing if not name.endswith("position_ids")]
-        if missing or unexpected:
-            raise RewardError(f"{field} {file}: weights missing {missing[:3]} / unexpected {unexpected[:3]}; "
-                              f"expected {RELEASE_LAYOUT}")
-        return model.to(device=device, dtype=reward_dtype(device)).eval()
+        return release_loaded(model, missing, unexpected, f"{field} {file}", RELEASE_LAYOUT, device)
 
     return shared(path, "hps-clip", device, load)
 

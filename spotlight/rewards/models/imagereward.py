@@ -26,8 +26,8 @@ import torch
 
 from spotlight.rewards.base import RewardError, RewardOutput
 from spotlight.rewards.models.aesthetic import AestheticMLP
-from spotlight.rewards.models.cache import shared
-from spotlight.rewards.models.pixels import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, clip_pixels, reward_dtype
+from spotlight.rewards.models.cache import release_loaded, shared
+from spotlight.rewards.models.pixels import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, clip_pixels
 from spotlight.rewards.models.speed import Throughput
 
 REWARD_MEAN, REWARD_STD = 0.16717362830052426, 1.0333394966054072  # the release's normalisation
@@ -131,11 +131,7 @@ def load_imagereward(file: str | None, device: str, field: str = "reward.models.
             cause = f"{type(error).__name__}: {' '.join(str(error).split())[:240]}"  # the mismatch, on one line
             raise RewardError(f"{field} {file} does not match BLIP's layout or med_config.json ({cause}); expected "
                               f"{RELEASE_LAYOUT}") from None
-        missing = [name for name in missing if not name.endswith("position_ids")]
-        if missing or unexpected:
-            raise RewardError(f"{field} {file}: weights missing {missing[:3]} / unexpected {unexpected[:3]}; "
-                              f"expected {RELEASE_LAYOUT}")
-        return model.to(device=device, dtype=reward_dtype(device)).eval()
+        return release_loaded(model, missing, unexpected, f"{field} {file}", RELEASE_LAYOUT, device)
 
     return shared(path, "imagereward", device, load)
 
