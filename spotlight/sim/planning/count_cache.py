@@ -23,7 +23,7 @@ from typing import Any
 __all__ = ["cache_path", "cached"]
 
 _LIBRARIES = ("torch", "diffusers", "transformers", "peft")
-_CODE = ("forward_flops.py", "folder_workload.py", "count_cache.py")
+_CODE = ("forward_flops.py", "forward_count.py", "meta_flops.py", "folder_workload.py", "count_cache.py")
 
 
 def cache_path() -> Path:

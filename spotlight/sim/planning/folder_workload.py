@@ -25,6 +25,7 @@ A model that fits no micro-batch raises `DoesNotFitError`, one line naming what 
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,8 @@ from spotlight.models.pipelines.memory_estimate import (
     safetensors_shapes,
     training_rows,
 )
+from spotlight.sim.planning.analytic.part_parameters import part_parameters as analytic_part_parameters
+from spotlight.sim.planning.analytic.trace import NotAnalytic
 from spotlight.sim.planning.count_cache import cached
 from spotlight.sim.planning.forward_flops import ForwardCount, count_forward_flops, text_tokens
 from spotlight.sim.planning.model_folders import resolve_model_folder
@@ -128,12 +131,13 @@ class FolderWorkload:
 
 
 def part_parameters(folder: PipelineFolder, part: str) -> int:
-    """Parameters of a pipeline part (text encoder, VAE): its safetensors headers, else its config on meta.
+    """Parameters of a pipeline part (text encoder, VAE): its safetensors headers, else counted from its config.
 
     A folder of configs only (a hub snapshot without weights) has no headers to read, so the part is
-    built on the meta device from its config.json (no memory, no weights) as the class ``model_index.json``
-    names, the class diffusers would load (a text encoder's config need not carry ``architectures``),
-    once per config and class (`spotlight.sim.planning.count_cache`).
+    counted from its config.json for the class ``model_index.json`` names, the class diffusers would load
+    (`spotlight.sim.planning.analytic.part_parameters`, no model code imported); a class or option that
+    module does not write out is built on the meta device instead (no memory, no weights), once per
+    config and class (`spotlight.sim.planning.count_cache`).
     """
     directory = folder.path / part
     shapes = safetensors_shapes(directory)
@@ -144,6 +148,10 @@ def part_parameters(folder: PipelineFolder, part: str) -> int:
                                   f"{part}; pass the pipeline folder with its {part}/config.json")
     library, name = folder.class_name(part)
     text = (directory / "config.json").read_text()
+    try:
+        return analytic_part_parameters(library, name, json.loads(text))
+    except (NotAnalytic, ValueError):
+        pass  # the meta-device count (and its one-line errors) below
     counted = cached("parameters", {"config": text, "class": [library, name]},
                      lambda: {"parameters": _meta_parameters(folder, part)})
     return int(counted["parameters"])
@@ -152,8 +160,6 @@ def part_parameters(folder: PipelineFolder, part: str) -> int:
 def _meta_parameters(folder: PipelineFolder, part: str) -> int:
     """Parameters of ``part`` built on the meta device as diffusers builds it: its model_index.json class
     from its config.json (a diffusers model's ``from_config``, a transformers model's own config class)."""
-    import json
-
     import torch
 
     from spotlight.models.pipelines.folder import component_class

@@ -1,23 +1,15 @@
-"""FLOPs of one transformer forward of a pipeline folder, counted by torch on the meta device.
+"""FLOPs of one transformer forward of a pipeline folder, counted from its transformer/config.json.
 
 `spotlight plan` prices a run before anything is rented, so it cannot load 40 GB of weights, and a
 hand-written formula (24·L·d²·n + 4·L·n²·d) misses what each family adds: SD3.5's second attention
-in its first 13 blocks, FLUX's single-stream blocks, every adaLN modulation. Instead the folder's
-own ``transformer/config.json`` builds the family's diffusers class under ``torch.device("meta")``
-(shapes only: a folder of configs alone works, such as a hub snapshot without its safetensors), one
-forward runs on meta inputs of the shapes the pipeline would pass, and
-``torch.utils.flop_counter.FlopCounterMode`` counts it, attention included (SDPA on meta goes
-through its maths decomposition, two batched matmuls of 2·b·h·s²·d each, the same count torch's
-flash-attention formula gives on a GPU).
-
-Only one block of each kind runs. A meta forward of 60 blocks costs seconds of Python dispatch, the
-whole of `plan`'s budget, and the blocks of one ``ModuleList`` with the same parameter shapes do the
-same work on the same sequence: so each list keeps the first block of every distinct shape signature
-(SD3.5-Medium: a dual-attention block, a plain one, the last context-pre-only one), in order, and
-each counted block's FLOPs are multiplied by how many blocks share its signature. The model's first
-block is a kind of its own: in a backward nothing before it needs a gradient, so it does less work
-than the blocks after it. The tests check the total against every block run, forward and backward,
-and the forward against torch's counter on real weights.
+in its first 13 blocks, FLUX's single-stream blocks, every adaLN modulation. So each family's forward is
+walked Linear by Linear from the config's numbers (`spotlight.sim.planning.analytic`): the FLOPs torch's
+``FlopCounterMode`` would count for a forward (and a backward) of the built model, its parameters and its
+LoRA adapters, exactly, with no diffusers, peft or model built, in microseconds. The reference is the
+meta-device count (`spotlight.sim.planning.meta_flops`: the class built under ``torch.device("meta")``
+and run under the counter), which the tests hold every shipped family config to, and which counts any
+config the walks do not model (``reference=True`` asks for it; it is kept on disk,
+`spotlight.sim.planning.count_cache`, since it imports diffusers and peft: seconds).
 
 Shapes, as the family's pipeline makes them:
 - image tokens: (H / (vae · 2)) · (W / (vae · 2)) (`PipelineFolder.latent_size`, 2x2 patches);
@@ -29,60 +21,26 @@ Shapes, as the family's pipeline makes them:
 
 from __future__ import annotations
 
-import functools
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Any
+from dataclasses import asdict
 
-import torch
-import torch.nn as nn
-
-from spotlight.models.pipelines.family_config import TRANSFORMER_CLASSES
-from spotlight.models.pipelines.folder import PipelineFolder, PipelineFolderError, read_pipeline_folder
-from spotlight.models.pipelines.memory_estimate import CLIP_TOKENS, lora_input_features
+from spotlight.models.pipelines.folder import PipelineFolder
+from spotlight.models.pipelines.memory_estimate import CLIP_TOKENS
 from spotlight.models.pipelines.prompts import DEFAULT_MAX_SEQUENCE_LENGTH
+from spotlight.sim.planning.analytic.trace import NotAnalytic
+from spotlight.sim.planning.analytic.transformer_count import count_transformer
 from spotlight.sim.planning.count_cache import cached
+from spotlight.sim.planning.forward_count import (
+    ForwardCount,
+    LoraShape,
+    UnknownTransformerError,
+    check_transformer_class,
+)
 
-__all__ = ["ForwardCount", "UnknownTransformerError", "count_forward_flops", "meta_transformer", "text_tokens"]
+__all__ = ["ForwardCount", "UnknownTransformerError", "count_forward_flops", "text_tokens"]
 
 # Qwen-Image's chat template adds "<|im_end|>\n<|im_start|>assistant\n" (5 tokens) after the prompt
 # once the 34 prefix tokens are dropped (diffusers' QwenImagePipeline._get_qwen_prompt_embeds)
 QWEN_TEMPLATE_SUFFIX_TOKENS = 5
-
-
-LoraShape = tuple[int, tuple[str, ...]]  # (rank, target module names)
-
-
-class UnknownTransformerError(PipelineFolderError):
-    """A folder whose transformer class Spotlight does not know; the message names the known ones."""
-
-
-@dataclass(frozen=True)
-class ForwardCount:
-    """One transformer forward of ``batch`` samples, counted on the meta device.
-
-    flops: FLOPs of the whole forward (torch's counter: 2 per multiply-add), LoRA's adapters included
-    when counted with one; image_tokens and text_tokens: per sample; parameters: the transformer's
-    own parameter count; lora_parameters: the adapters' (0 without); lora_inputs and lora_weights: the
-    targeted Linears' input features by stream and their weights' elements, as
-    `spotlight.models.pipelines.memory_estimate.ModelSizes` takes them; train_flops: forward and
-    backward of the same batch with gradients for what is trained (the adapters with LoRA, every
-    weight without), None unless asked for.
-    """
-
-    flops: float
-    batch: int
-    image_tokens: int
-    text_tokens: int
-    parameters: int
-    lora_parameters: int
-    train_flops: float | None = None
-    lora_inputs: tuple[int, int, int] = (0, 0, 0)
-    lora_weights: int = 0
-
-    @property
-    def flops_per_sample(self) -> float:
-        return self.flops / self.batch
 
 
 def text_tokens(folder: PipelineFolder, max_sequence_length: int | None, prompt_tokens: int) -> int:
@@ -95,171 +53,53 @@ def text_tokens(folder: PipelineFolder, max_sequence_length: int | None, prompt_
     return min(prompt_tokens + QWEN_TEMPLATE_SUFFIX_TOKENS, length)
 
 
-def meta_transformer(folder: PipelineFolder, lora: LoraShape | None = None) -> nn.Module:
-    """The folder's transformer built on the meta device from its config.json (no weights read).
-
-    ``lora``: (rank, target module names) of the adapter to add, as the policy adds it (peft through
-    diffusers' ``add_adapter``): its FLOPs are part of every forward. The class is the one model_index.json
-    names, as diffusers loads it (transformer/config.json's ``_class_name``, when present, must agree).
-    Raises UnknownTransformerError when either names a class other than the family's.
-    """
-    from spotlight.models.pipelines.folder import component_class
-
-    library, name = folder.class_name("transformer")
-    expected = TRANSFORMER_CLASSES[folder.family]
-    stored = folder.transformer.get("_class_name")  # not required; where present, a cross-check
-    named = {"model_index.json": name if library == "diffusers" else f"{library}.{name}",
-             "transformer/config.json": stored or expected}
-    for source, class_name in named.items():
-        if class_name != expected:
-            known = ", ".join(f"{cls} ({family})" for family, cls in TRANSFORMER_CLASSES.items())
-            raise UnknownTransformerError(
-                f"{folder.path}/{source} names {class_name} as the transformer, which Spotlight cannot count or train "
-                f"for a {folder.family} pipeline: use a folder whose transformer is one of {known}")
-    cls = component_class(folder, "transformer")
-    with torch.device("meta"):
-        model = cls.from_config(folder.transformer)
-        if lora is not None:
-            from peft import LoraConfig
-
-            rank, targets = lora
-            model.add_adapter(LoraConfig(r=rank, lora_alpha=rank, target_modules=list(targets)))
-    return model
-
-
-def _signature(block: nn.Module) -> tuple[Any, ...]:
-    return (type(block).__name__, tuple((name, tuple(p.shape)) for name, p in block.named_parameters()))
-
-
-def _one_block_of_each_kind(model: nn.Module) -> dict[str, tuple[list[nn.Module], list[int]]]:
-    """Every block list's first block of each shape signature, in order, and how many blocks share it.
-
-    The model's very first block is a kind of its own: in a backward its input needs no gradient
-    (nothing before it is trained), so it costs less than the later blocks of its shape.
-    """
-    kinds: dict[str, tuple[list[nn.Module], list[int]]] = {}
-    very_first: tuple[Any, ...] | None = None
-    for name, child in model.named_children():
-        if not isinstance(child, nn.ModuleList) or len(child) < 2:
-            continue
-        first: dict[tuple[Any, ...], int] = {}
-        blocks: list[nn.Module] = []
-        counts: list[int] = []
-        for block in child:
-            signature = _signature(block)
-            if very_first is None:
-                very_first = signature = ("the first block", signature)
-            if signature not in first:
-                first[signature] = len(blocks)
-                blocks.append(block)
-                counts.append(0)
-            counts[first[signature]] += 1
-        kinds[name] = (blocks, counts)
-    return kinds
-
-
-def _meta_inputs(folder: PipelineFolder, latent_shape: tuple[int, ...], tokens: int, batch: int) -> tuple[Any, ...]:
-    from spotlight.models.pipelines.inputs import PromptEmbeddings
-
-    config, meta = folder.transformer, torch.device("meta")
-    latents = torch.zeros(batch, *latent_shape, device=meta)  # (C, h, w), or a video's (C, f, h, w)
-    pooled = None
-    if "pooled_projection_dim" in config:  # SD3, FLUX
-        pooled = torch.zeros(batch, int(config["pooled_projection_dim"]), device=meta)
-    width = int(config.get("joint_attention_dim") or config["text_dim"])  # Wan names it text_dim
-    embeds = torch.zeros(batch, tokens, width, device=meta)
-    image = latents if folder.edits else None  # an edit's source latents: as many tokens again
-    return latents, torch.full((batch,), 0.5, device=meta), PromptEmbeddings(embeds=embeds, pooled=pooled, image=image)
-
-
 def count_forward_flops(folder: PipelineFolder, resolution: tuple[int, int], tokens: int, batch: int = 1,
                         lora: LoraShape | None = None, backward: bool = False,
-                        every_block: bool = False, num_frames: int | None = None) -> ForwardCount:
+                        every_block: bool = False, num_frames: int | None = None,
+                        reference: bool = False) -> ForwardCount:
     """Count one forward of ``batch`` samples at ``resolution`` (pixels, (H, W)) with ``tokens`` text tokens.
 
     ``lora``: (rank, target modules) of a LoRA adapter to count with the base (None: full fine-tuning
     or no adapter). ``backward``: also count a forward and backward (``ForwardCount.train_flops``).
-    ``every_block``: run every block instead of one of each kind (slow; what the test compares with).
-    ``num_frames``: a video family's frames per sample (None: its pipeline's default).
+    ``num_frames``: a video family's frames per sample (None: its pipeline's default). ``reference``:
+    count on the meta device (module docstring; kept on disk by config and arguments); ``every_block``:
+    on the meta device, running every block instead of one of each kind (slow; what its test compares).
     Raises PipelineFolderError (one line) for a resolution the folder cannot take and
-    UnknownTransformerError for a transformer class Spotlight does not know. Kept on disk by config and
-    arguments (`spotlight.sim.planning.count_cache`), except ``every_block`` counts.
+    UnknownTransformerError for a transformer class Spotlight does not know.
     """
     lora = None if lora is None else (int(lora[0]), tuple(lora[1]))
     size = (int(resolution[0]), int(resolution[1]))
     if every_block:
-        return _count(folder.path, size, tokens, batch, lora, backward, every_block, num_frames)
+        from spotlight.sim.planning.meta_flops import count_on_meta
+
+        return count_on_meta(folder.path, size, tokens, batch, lora, backward, every_block, num_frames)
     folder.latent_shape(size, num_frames)  # a resolution (or frame count) the model cannot take fails here
+    check_transformer_class(folder)
+    image_tokens = folder.image_tokens(size, num_frames)
+    if not reference:
+        try:
+            counted = count_transformer(folder.family, folder.transformer, image_tokens, tokens, batch, lora)
+        except NotAnalytic:
+            pass  # a config the walks do not model: the meta device counts it
+        else:
+            return ForwardCount(flops=counted.flops, batch=batch, image_tokens=image_tokens, text_tokens=tokens,
+                                parameters=counted.parameters, lora_parameters=counted.lora_parameters,
+                                train_flops=counted.train_flops if backward else None,
+                                lora_inputs=counted.lora_inputs, lora_weights=counted.lora_weights)
+    return _on_meta(folder, size, tokens, batch, lora, backward, num_frames)
+
+
+def _on_meta(folder: PipelineFolder, size: tuple[int, int], tokens: int, batch: int, lora: LoraShape | None,
+             backward: bool, num_frames: int | None) -> ForwardCount:
+    """The meta-device count, from the count cache when it holds it."""
+    from spotlight.sim.planning.meta_flops import count_on_meta
+
     key = {"transformer": folder.transformer, "family": folder.family, "resolution": size, "tokens": tokens,
            "batch": batch, "lora": lora, "backward": backward}
     if folder.edits:
         key["edits"] = True
     if folder.is_video:
         key["num_frames"] = num_frames
-    counted = cached("forward", key,
-                     lambda: asdict(_count(folder.path, size, tokens, batch, lora, backward, False, num_frames)))
+    counted = cached("forward", key, lambda: asdict(
+        count_on_meta(folder.path, size, tokens, batch, lora, backward, False, num_frames)))
     return ForwardCount(**{**counted, "lora_inputs": tuple(counted["lora_inputs"])})
-
-
-@functools.lru_cache(maxsize=32)
-def _count(path: Path, resolution: tuple[int, int], tokens: int, batch: int, lora: LoraShape | None,
-           backward: bool, every_block: bool, num_frames: int | None = None) -> ForwardCount:
-    folder = read_pipeline_folder(path)
-    latent_shape = folder.latent_shape(resolution, num_frames)
-    model = meta_transformer(folder, lora)
-    named = dict(model.named_parameters())
-    parameters = sum(p.numel() for name, p in named.items() if ".lora_" not in name)
-    lora_parameters = sum(p.numel() for name, p in named.items() if ".lora_" in name)
-    base_shapes = {name.replace(".base_layer", ""): tuple(p.shape) for name, p in named.items() if ".lora_" not in name}
-    lora_inputs = lora_input_features(base_shapes, lora[1]) if lora is not None else (0, 0, 0)
-    lora_weights = sum(p.numel() for name, p in named.items() if name.endswith(".base_layer.weight") and p.dim() == 2)
-    kinds = {} if every_block else _one_block_of_each_kind(model)
-    inputs = _meta_inputs(folder, latent_shape, tokens, batch)
-    flops = _counted(model, folder, inputs, kinds, train=False)
-    train_flops = None
-    if backward:
-        for name, parameter in model.named_parameters():
-            parameter.requires_grad_(lora is None or ".lora_" in name)
-        train_flops = _counted(model, folder, inputs, kinds, train=True)
-    return ForwardCount(flops=flops, batch=batch, image_tokens=folder.image_tokens(resolution, num_frames),
-                        text_tokens=tokens,
-                        parameters=parameters, lora_parameters=lora_parameters, train_flops=train_flops,
-                        lora_inputs=lora_inputs, lora_weights=lora_weights)
-
-
-def _counted(model: nn.Module, folder: PipelineFolder, inputs: tuple[Any, ...],
-             kinds: dict[str, tuple[list[nn.Module], list[int]]], train: bool) -> float:
-    """FLOPs of one forward (with ``train``, and its backward) of the whole model, from one block of each kind.
-
-    With every block list cut to its kinds, the counted total holds each kind once; running a kind twice
-    in a row adds exactly one more block of it (with a gradient flowing into it, as in the full model),
-    so the difference is that block's cost, added (count − 1) times. Torch's per-module attribution is
-    not used: in a backward it files block work under whichever module's hook fired last.
-    """
-    originals = {name: getattr(model, name) for name in kinds}
-    try:
-        for name, (blocks, _) in kinds.items():
-            setattr(model, name, nn.ModuleList(blocks))
-        total = base = _total(model, folder, inputs, train)
-        for name, (blocks, counts) in kinds.items():
-            for index, count in enumerate(counts):
-                if count > 1:
-                    setattr(model, name, nn.ModuleList([*blocks[: index + 1], *blocks[index:]]))
-                    total += (count - 1) * (_total(model, folder, inputs, train) - base)
-            setattr(model, name, nn.ModuleList(blocks))
-    finally:
-        for name, blocks_list in originals.items():
-            setattr(model, name, blocks_list)
-    return total
-
-
-def _total(model: nn.Module, folder: PipelineFolder, inputs: tuple[Any, ...], train: bool) -> float:
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from spotlight.models.pipelines.inputs import transformer_velocity
-
-    with FlopCounterMode(display=False) as counter, torch.set_grad_enabled(train):
-        velocity = transformer_velocity(model, folder.family, *inputs)
-        if train:
-            velocity.float().square().mean().backward()
-    return float(counter.get_total_flops())
