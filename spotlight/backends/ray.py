@@ -4,8 +4,8 @@
     seeds      spotlight: chosen by the round that explored P_i with θ_{i-1} during iteration i-1's
                training; sync-explore: a round explores P_i with θ_i now (on the critical path);
                vanilla / spot-rollout: random
-    rollout    P_i's groups in chunks shared by the on-demand device and the spot devices holding θ_i
-               (`spotlight.backends.ray_share`); a chunk lost to a preemption is redone on the on-demand device
+    rollout    P_i's groups in fixed parts, one per device (on-demand and spot), each sampled by an idle spot
+               device holding θ_i or else by the on-demand device; a part lost to a preemption is redone there
     training   spotlight: AT THE SAME TIME, a round explores P_{i+1} with θ_i through the queue, under
                the planner's budget (the last training time), plus a re-score of a few of P_i's
                candidates with θ_i for the staleness monitor (Kendall τ of stale vs fresh rankings);
@@ -178,25 +178,30 @@ class RayBackend:
     def rollout(self, iteration: int, prompts: list[str], seeds: torch.Tensor) -> Trajectory:
         """Sample the groups on the on-demand device and the idle spot devices holding θ_i, one part each.
 
-        The parts are fixed when the rollout starts (part 0 here, part k on idle device k), not taken by
-        whoever is free first: which process samples a part is then the same in a run and in its resumed
-        copy whenever the same devices are idle, so their latents are the same bits (a device's float
-        arithmetic need not match the trainer's bit for bit). A part whose device is lost is redone here.
+        The parts are fixed by the config, not by who is idle: one per device that could help (the
+        on-demand device and ``num_spot_devices``), whole groups each. A part no idle device takes is
+        sampled here, alone, so every part is the same batch whoever samples it and whenever: a batch of
+        other rows changes a row's float bits (the matmuls block differently), and which devices are idle
+        when a rollout starts depends on timing, so a run and its resumed copy would drift. A part whose
+        device is lost is redone here.
         """
         cluster, plan = self.cluster, rollout_plan(self.config)
         self.marks.rollout_started = cluster.now()
         with cluster.lock:
-            helpers = cluster.pool.devices(version=iteration, state="idle") if self.mode.rents_spot else []
-        helpers = helpers[:len(prompts) - 1]  # a part per device, none empty: more devices than prompts idle
-        parts = np.array_split(np.arange(len(prompts)), 1 + len(helpers))
-        requests = [group_requests([prompts[p] for p in part], seeds[part]) for part in parts]
-        with cluster.lock:
-            for device, (part_prompts, part_seeds) in zip(helpers, requests[1:], strict=True):
+            spot = cluster.num_spot if cluster.attached is None else max(cluster.num_spot, len(cluster.pool.devices()))
+            num_parts = min(len(prompts), 1 + spot) if self.mode.rents_spot else 1  # attached: the nodes it has
+            parts = np.array_split(np.arange(len(prompts)), num_parts)
+            requests = [group_requests([prompts[p] for p in part], seeds[part]) for part in parts]
+            helpers = cluster.pool.devices(version=iteration, state="idle") if num_parts > 1 else []
+            helpers = helpers[:num_parts - 1]
+            for device, (part_prompts, part_seeds) in zip(helpers, requests[1:], strict=False):
                 cluster.pool.call(device, "rollout", "sample", part_prompts, part_seeds, plan, iteration)
         started = cluster.now()
         trajectories: dict[int, Trajectory | None] = {0: self._sample_here(requests[0])}
         if self.view.planner is not None:  # a measured cost for the first round (then ignored)
             self.view.planner.observe_prior((cluster.now() - started) / (len(requests[0][0]) * plan.num_steps))
+        for k in range(1 + len(helpers), num_parts):  # the parts no device was idle for
+            trajectories[k] = self._sample_here(requests[k])
         index = {device: k + 1 for k, device in enumerate(helpers)}
 
         def collected() -> bool:
@@ -204,13 +209,13 @@ class RayBackend:
                 cluster.finished.remove(result)
                 trajectories[index[result.device_id]] = (None if result.call is None or result.call.result is None
                                                          else Trajectory(*result.call.result, start_step=0))
-            return len(trajectories) == len(parts)
+            return len(trajectories) == num_parts
 
         cluster.wait(collected)
         for k, trajectory in trajectories.items():
             if trajectory is None:  # its device was preempted (or held other weights): redo the part here
                 trajectories[k] = self._sample_here(requests[k])
-        ordered = [trajectories[k] for k in range(len(parts))]
+        ordered = [trajectories[k] for k in range(num_parts)]
         self.marks.rollout_ended = cluster.now()  # sampled; scoring is billed to the rollout too
         return Trajectory(torch.cat([t.latents for t in ordered]), torch.cat([t.log_probs for t in ordered]), 0)
 
