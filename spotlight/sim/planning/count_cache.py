@@ -1,7 +1,9 @@
-"""A folder's counted FLOPs and parameters kept on disk, so that a second `spotlight plan` loads no model code.
+"""Meta-device counts kept on disk: a second `spotlight plan` of a config the walks do not model loads no model code.
 
-Counting a 20 B transformer on the meta device takes well under a second; importing diffusers, peft and
-transformers to build it takes seconds, most of `plan`'s budget. The counts depend only on the configs,
+`spotlight plan` counts from config.json numbers (`spotlight.sim.planning.analytic`: microseconds, no
+model code). A config those walks do not model (an image-to-video Wan, LoRA on a convolution, a text
+encoder class not written out) is counted on the meta device instead, and importing diffusers, peft and
+transformers to build it takes seconds, most of `plan`'s budget. Those counts depend only on the configs,
 the shapes asked for, the counting code and the library versions, so each is stored under a hash of all
 of them (a changed config, library or counting module is a miss, never a stale hit) in
 ``$SPOTLIGHT_CACHE_DIR`` (else ``$XDG_CACHE_HOME/spotlight``, else ``~/.cache/spotlight``)/counts.json.
