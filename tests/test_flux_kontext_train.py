@@ -3,25 +3,31 @@ shipped, generated ``shapes-edit`` set.
 
 Each sample is a row: its instruction and its source image, whose latents join the transformer's input.
 The reward is ``edit-preserve`` (1 - the mean absolute difference from the row's own source image; no
-model, so the run needs no download). Modes ``vanilla`` and ``spotlight`` train (the validation reward rises), and every
-checkpoint's LoRA loads with ``FluxKontextPipeline``'s own ``load_lora_weights`` and changes its edit.
+model, so the run needs no download). Modes ``vanilla`` and ``spotlight`` train (the validation reward rises), every
+checkpoint's LoRA loads with ``FluxKontextPipeline``'s own ``load_lora_weights`` and changes its edit, and a
+vanilla run SIGKILLed after a checkpoint resumes to the uninterrupted run's weights and rewards bit for bit
+(the source latents are re-encoded by the resumed process: their cache is not part of a checkpoint).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import yaml
+from test_resume_ray import kill_tree, spotlight_train
 
-from spotlight.components.checkpoint import latest_checkpoint
+from spotlight.components.checkpoint import latest_checkpoint, load_model, load_training_state
 from spotlight.config import TrainConfig, parse_config
 from spotlight.data.shipped import resolve_dataset_folder
 from spotlight.trainer import train
 
 ITERATIONS = 4
+DETERMINISTIC = ("rollout/", "train/", "val/reward")  # the rest are timings
 
 
 def settings(folder: Path, run_dir: Path) -> dict[str, Any]:
@@ -43,15 +49,22 @@ def metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
+@pytest.fixture(scope="module")
+def vanilla_run(tiny_pipeline, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted vanilla run, in this process: what the other tests train from or compare with."""
+    run_dir = tmp_path_factory.mktemp("kontext") / "clean"
+    train(parse_config(TrainConfig, settings(tiny_pipeline("flux-kontext"), run_dir)))
+    return run_dir
+
+
 @pytest.mark.slow
-def test_vanilla_mode_trains_kontext_edits_and_every_lora_loads_into_kontext_pipeline(tiny_pipeline,
-                                                                                      tmp_path: Path) -> None:
+def test_vanilla_mode_trains_kontext_edits_and_every_lora_loads_into_kontext_pipeline(vanilla_run: Path,
+                                                                                      tiny_pipeline) -> None:
     import diffusers
     from PIL import Image
 
     folder = tiny_pipeline("flux-kontext")
-    run_dir = tmp_path / "run"
-    train(parse_config(TrainConfig, settings(folder, run_dir)))
+    run_dir = vanilla_run
     records = metrics(run_dir)
     assert [record["iteration"] for record in records] == list(range(ITERATIONS + 1))
     assert all(record["rollout/invalid_samples"] == 0 for record in records[1:])
@@ -93,3 +106,36 @@ def test_spotlight_mode_trains_kontext_edits(tiny_pipeline, tmp_path: Path) -> N
     assert [record["iteration"] for record in records] == list(range(ITERATIONS + 1))
     assert records[-1]["val/reward"] - records[0]["val/reward"] > 2e-4, [r["val/reward"] for r in records]
     assert not ray.is_initialized()
+
+
+def deterministic(record: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in record.items() if key.startswith(DETERMINISTIC)}
+
+
+@pytest.mark.slow
+def test_a_kontext_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_result(vanilla_run: Path,
+                                                                                      tiny_pipeline,
+                                                                                      tmp_path: Path) -> None:
+    """``spotlight train`` SIGKILLed (with everything it started) once a checkpoint is on disk and before the
+    last, then ``--resume``: every iteration's rewards and losses and the final LoRA equal the clean run's."""
+    killed_dir = tmp_path / "killed"
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(yaml.safe_dump(settings(tiny_pipeline("flux-kontext"), killed_dir)))
+    driver = spotlight_train(config_file)
+    deadline = time.monotonic() + 300
+    while (checkpoint := latest_checkpoint(killed_dir)) is None:
+        assert driver.poll() is None, f"the run ended before its first checkpoint: {driver.stderr.read()[-2000:]}"
+        assert time.monotonic() < deadline, "no checkpoint within 300 s"
+        time.sleep(0.05)
+    kill_tree(driver.pid)
+    assert load_training_state(checkpoint).iteration < ITERATIONS  # killed mid-run
+    resumed = spotlight_train(config_file, "--resume")
+    assert resumed.wait(timeout=400) == 0, resumed.stderr.read()[-3000:]
+
+    clean, again = metrics(vanilla_run), metrics(killed_dir)
+    assert [record["iteration"] for record in again] == list(range(ITERATIONS + 1))
+    assert [deterministic(r) for r in again] == [deterministic(r) for r in clean]
+    final_clean = load_model(latest_checkpoint(vanilla_run)).state_dict()
+    final_again = load_model(latest_checkpoint(killed_dir)).state_dict()
+    assert final_clean.keys() == final_again.keys()
+    assert all(torch.equal(final_again[name], tensor) for name, tensor in final_clean.items())
