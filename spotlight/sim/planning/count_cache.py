@@ -1,6 +1,6 @@
 """Meta-device counts kept on disk: a second `spotlight plan` of a config the walks do not model loads no model code.
 
-`spotlight plan` counts from config.json numbers (`spotlight.sim.planning.analytic`: microseconds, no
+`spotlight plan` counts from config.json numbers (`spotlight.sim.planning.analytic`: milliseconds, no
 model code). A config those walks do not model (an image-to-video Wan, LoRA on a convolution, a text
 encoder class not written out) is counted on the meta device instead, and importing diffusers, peft and
 transformers to build it takes seconds, most of `plan`'s budget. Those counts depend only on the configs,

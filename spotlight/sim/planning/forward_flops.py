@@ -5,7 +5,7 @@ hand-written formula (24·L·d²·n + 4·L·n²·d) misses what each family adds
 in its first 13 blocks, FLUX's single-stream blocks, every adaLN modulation. So each family's forward is
 walked Linear by Linear from the config's numbers (`spotlight.sim.planning.analytic`): the FLOPs torch's
 ``FlopCounterMode`` would count for a forward (and a backward) of the built model, its parameters and its
-LoRA adapters, exactly, with no diffusers, peft or model built, in microseconds. The reference is the
+LoRA adapters, exactly, with no diffusers, peft or model built, in milliseconds. The reference is the
 meta-device count (`spotlight.sim.planning.meta_flops`: the class built under ``torch.device("meta")``
 and run under the counter), which the tests hold every shipped family config to, and which counts any
 config the walks do not model (``reference=True`` asks for it; it is kept on disk,
