@@ -1,4 +1,4 @@
-"""Ulysses sequence parallelism inside a diffusers transformer (FLUX, Qwen-Image): the token-sharding half.
+"""Ulysses sequence parallelism inside a diffusers transformer (FLUX, Qwen-Image, Wan): the token-sharding half.
 
 TinyDiT exposes ``embed`` / ``run_blocks`` / ``unpatchify``, so `sp_denoise` shards its sequence
 between them. A diffusers ``forward`` is one function that embeds, computes the rotary tables for
@@ -22,6 +22,8 @@ concatenate as [text; image]); Qwen-Image has an image table and a text table, e
 Every rank returns the whole velocity. Gradients: the gather's backward keeps this rank's slice,
 so summing parameter gradients over the group (an all-reduce) gives the one-device gradient.
 SD3 is left out: it puts its image tokens first and has no rotary table; it runs with head sharding only.
+Wan (text-to-video) attends to its text by cross-attention, so only its video tokens are sharded
+(`spotlight.models.video.wan_sp`).
 """
 
 from __future__ import annotations
@@ -36,10 +38,11 @@ from torch.distributed import ProcessGroup
 
 from spotlight.models.pipelines.adapter import DiffusersPolicy
 from spotlight.models.ulysses import UlyssesAttention, check_sp_degree, gather_sequence, shard_sequence
+from spotlight.models.video.wan_sp import wan_sequence_parallel
 
 __all__ = ["TOKEN_SHARDED_FAMILIES", "sequence_parallel"]
 
-TOKEN_SHARDED_FAMILIES = ("flux", "qwen-image")
+TOKEN_SHARDED_FAMILIES = ("flux", "qwen-image", "wan")
 
 
 def _rank_rows(table: torch.Tensor, rank: int, world: int, text_tokens: int) -> torch.Tensor:
@@ -53,9 +56,9 @@ def sequence_parallel(policy: DiffusersPolicy, group: ProcessGroup | None) -> It
     """Inside the block, ``policy(x, sigma, cond)`` runs token- and head-sharded over ``group`` (None: one rank).
 
     Every rank of the group must make the same calls with the same inputs; each gets the whole
-    velocity. The text and the image token counts must both divide by the group's size, and so must
-    the attention heads: a ValueError names the degrees that fit. On exit the policy's previous
-    attention routing is restored and the hooks removed.
+    velocity. The text and the image token counts must both divide by the group's size (Wan: its video
+    tokens), and so must the attention heads: a ValueError names the degrees that fit. On exit the
+    policy's previous attention routing is restored and the hooks removed.
     """
     rank = 0 if group is None else dist.get_rank(group)
     world = 1 if group is None else dist.get_world_size(group)
@@ -63,6 +66,10 @@ def sequence_parallel(policy: DiffusersPolicy, group: ProcessGroup | None) -> It
     if policy.family not in TOKEN_SHARDED_FAMILIES:
         raise ValueError(f"token sharding covers {', '.join(TOKEN_SHARDED_FAMILIES)}, not {policy.family}: "
                          "route its attention through UlyssesAttention alone (head sharding) or use sp_degree 1")
+    if policy.family == "wan":  # self-attention over the video, cross-attention to the text: its own hooks
+        with wan_sequence_parallel(transformer, group):
+            yield
+        return
     check_sp_degree(world, num_heads=int(transformer.config.num_attention_heads))
     text_tokens = 0
 
