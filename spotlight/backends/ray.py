@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,10 +30,18 @@ import torch
 
 from spotlight.backends.protocol import TrainerView
 from spotlight.backends.ray_share import SampleShare, sample_shared
+from spotlight.backends.ray_state import (
+    Explored,
+    PendingMonitor,
+    explored_from_state,
+    explored_state,
+    monitor_from_state,
+    monitor_state,
+)
 from spotlight.backends.ray_top_up import RoundTopUp, candidate_id, keep_complete_top_ups
 from spotlight.diffusion.sampler import SamplingPlan, Trajectory
 from spotlight.explore.candidates import exploration_sampling, score_latents
-from spotlight.explore.planner import Decision, ExplorePlan, round_budget
+from spotlight.explore.planner import Decision, round_budget
 from spotlight.loop.evaluation import validation_chunks
 from spotlight.loop.rollout import group_requests, rollout_plan
 from spotlight.loop.seed_choice import Exploration, select_explored
@@ -52,65 +59,6 @@ from spotlight.runtime.spot.usage import IterationMarks, iteration_usage
 from spotlight.runtime.spot.worker import model_from_weights, model_weights, worker_loop
 
 __all__ = ["RayBackend"]
-
-
-@dataclass
-class PendingMonitor:
-    """The first prompts of the last round, to re-score with the weights one update later (staleness)."""
-
-    target: int  # the iteration the stale round explored for
-    plan: ExplorePlan
-    prompts: list[str]
-    candidates: torch.Tensor  # (M, N)
-    stale_rewards: torch.Tensor  # (M, N), scored with θ_{target-1}
-    stale_seeds: torch.Tensor  # (M, G), selected from them
-    ids: list[str]
-
-
-@dataclass
-class Explored:
-    """A finished round, ready to seed its iteration."""
-
-    round: Round
-    exploration: Exploration
-
-
-def _plan_state(plan: ExplorePlan) -> dict[str, Any]:
-    return {"num_candidates": plan.num_candidates, "num_steps": plan.num_steps, "sampler": plan.sampler}
-
-
-def explored_state(explored: Explored) -> dict[str, Any]:
-    """A finished round's outcome as JSON (seeds exact as integers, rewards as floats, NaN included)."""
-    round_, chosen = explored.round, explored.exploration
-    return {"target": round_.target, "version": round_.version, "plan": _plan_state(round_.plan),
-            "prompts": round_.prompts, "candidates": round_.candidates.tolist(),
-            "plan_metrics": round_.plan_metrics, "seeds": chosen.seeds.tolist(), "metrics": chosen.metrics,
-            "preview": None if chosen.preview is None else chosen.preview.tolist()}
-
-
-def explored_from_state(state: dict[str, Any]) -> Explored:
-    """The `Explored` that `explored_state` wrote, ready to seed its iteration (its requests are done and freed)."""
-    plan = ExplorePlan(**state["plan"])
-    round_ = Round(state["target"], state["version"], plan, state["prompts"], torch.tensor(state["candidates"]),
-                   ids=[], drained=True, plan_metrics=state["plan_metrics"])
-    preview = state.get("preview")  # absent from checkpoints written before preview fidelity
-    return Explored(round_, Exploration(torch.tensor(state["seeds"]), dict(state["metrics"]), plan,
-                                        None if preview is None else torch.tensor(preview, dtype=torch.float64)))
-
-
-def monitor_state(monitor: PendingMonitor) -> dict[str, Any]:
-    """The staleness monitor's pending re-score as JSON (its requests go out with the next round)."""
-    return {"target": monitor.target, "plan": _plan_state(monitor.plan), "prompts": monitor.prompts,
-            "candidates": monitor.candidates.tolist(), "stale_rewards": monitor.stale_rewards.tolist(),
-            "stale_seeds": monitor.stale_seeds.tolist(),
-            "rewards_dtype": str(monitor.stale_rewards.dtype).removeprefix("torch.")}
-
-
-def monitor_from_state(state: dict[str, Any]) -> PendingMonitor:
-    """The `PendingMonitor` that `monitor_state` wrote; the rewards keep their dtype and bits."""
-    rewards = torch.tensor(state["stale_rewards"], dtype=getattr(torch, state["rewards_dtype"]))
-    return PendingMonitor(state["target"], ExplorePlan(**state["plan"]), state["prompts"],
-                          torch.tensor(state["candidates"]), rewards, torch.tensor(state["stale_seeds"]), ids=[])
 
 
 class RayBackend:
