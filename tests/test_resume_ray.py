@@ -42,7 +42,8 @@ def settings(base: str, run_dir: Path) -> dict[str, Any]:
         "explore": {"monitor_prompts": 1},
         "eval": {"every": 10, "seeds_per_prompt": 1, "num_steps": 2, "grid_prompts": 2},
         "runtime": {"trace": None, "max_wall_s": None, "explore_wait_s": 300.0, "node_timeout_s": 240.0,
-                    "min_step_s": 0.2, "planner": {"num_candidates": [4], "num_steps": [3]}},
+                    "min_step_s": 0.2, "complete_rounds": True,  # rounds whole whenever the device comes up
+                    "planner": {"num_candidates": [4], "num_steps": [3]}},
     }
 
 

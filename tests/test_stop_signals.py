@@ -44,8 +44,11 @@ def settings(mode: str, run_dir: Path) -> dict[str, Any]:
     }
     if mode == "spotlight":
         common["explore"] = {"monitor_prompts": 1}
+        # complete_rounds: a round runs whole whenever the spot device comes up, so the paced run and the
+        # unpaced clean one explore the same candidates (without it, a device that came up after a round's
+        # training left that round unexplored in one run and not the other: two discrete outcomes under load)
         common["runtime"] = {"trace": None, "max_wall_s": None, "explore_wait_s": 300.0, "node_timeout_s": 240.0,
-                             "planner": {"num_candidates": [4], "num_steps": [2]}}
+                             "complete_rounds": True, "planner": {"num_candidates": [4], "num_steps": [2]}}
     return common
 
 
