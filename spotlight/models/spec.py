@@ -19,7 +19,9 @@ weight and is sharded between its stages (`tinydit_sp`); a diffusers transformer
 LoRA matrices: the frozen base is rebuilt once per process from the config and kept across attaches
 (``PolicyCache``), and the LoRA parameters are pointed at the shared tensors, so weights the agent
 replaces in place reach every process without a message. Its step runs token- and head-sharded
-through the hooks of `pipelines.sequence_parallel` (FLUX, Qwen-Image).
+through the hooks of `pipelines.sequence_parallel` (FLUX, Qwen-Image, Wan). A pipeline folder's heads,
+latents and tokens are read from its config files (`pipelines.folder`), which every node reads at the
+same path; its device processes load the folder and encode their prompts with its text encoders.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -37,6 +39,7 @@ from spotlight.diffusion.sampler import SamplingPlan, sample
 from spotlight.models.pipelines.adapter import ARCHITECTURE as DIFFUSERS_ARCHITECTURE
 from spotlight.models.pipelines.adapter import DiffusersPolicy
 from spotlight.models.pipelines.family_config import TINY_CONFIGS, DiffusersPolicyConfig
+from spotlight.models.pipelines.folder import read_pipeline_folder
 from spotlight.models.pipelines.inputs import channels_of
 from spotlight.models.pipelines.policy import PipelinePolicy
 from spotlight.models.pipelines.sequence_parallel import TOKEN_SHARDED_FAMILIES, sequence_parallel
@@ -67,7 +70,7 @@ class ModelSpec:
     build: Callable[[Any], Policy]  # a fresh policy (random or pretrained base, zero-initialised LoRA B)
     describe_config: Callable[[Any], dict[str, Any]]  # plain JSON that rebuilds it without its state
     attention_heads: Callable[[Any], int]
-    latent_shape: Callable[[Any], tuple[int, int, int]]
+    latent_shape: Callable[[Any], tuple[int, ...]]  # (C, H, W); a video's (C, f, h, w)
     check_sp: Callable[[Any, int], None]  # ValueError naming the degrees that fit
     on_weights: Callable[[Mapping[str, Any], Any, Mapping[str, torch.Tensor], bool, PolicyCache], Policy]
     prepare: Callable[[Mapping[str, Any], Any, PolicyCache], None]  # a warm spare builds its base ahead
@@ -133,11 +136,14 @@ def _diffusers_check_sp(config: DiffusersPolicyConfig, sp_degree: int) -> None:
 
 
 def _cached_base(description: Mapping[str, Any], config: DiffusersPolicyConfig, cache: PolicyCache) -> DiffusersPolicy:
-    """This process's base of ``description``, built once: a new architecture replaces the old one."""
+    """This process's base of ``description``, built once by its kind (a pipeline folder's with its text
+    encoders and VAE): a new architecture replaces the old one."""
     key = json.dumps(description, sort_keys=True)
     if key not in cache:
         cache.clear()
-        cache[key] = DiffusersPolicy.from_config(config).eval()
+        policy = spec_of(config).build(config)
+        assert isinstance(policy, DiffusersPolicy)
+        cache[key] = policy.eval()
     return cache[key]
 
 
@@ -184,9 +190,36 @@ def _diffusers_spec(kind: str, build: Callable[[DiffusersPolicyConfig], Policy])
     )
 
 
+# --- a pipeline folder: heads, latents and tokens from its config files -------------------------------------
+
+def _pipeline_resolution(config: DiffusersPolicyConfig) -> tuple[int, int]:
+    return config.resolution or read_pipeline_folder(config.pretrained or "").default_resolution
+
+
+def _pipeline_heads(config: DiffusersPolicyConfig) -> int:
+    return int(read_pipeline_folder(config.pretrained or "").transformer["num_attention_heads"])
+
+
+def _pipeline_latent_shape(config: DiffusersPolicyConfig) -> tuple[int, ...]:
+    return read_pipeline_folder(config.pretrained or "").latent_shape(_pipeline_resolution(config), config.num_frames)
+
+
+def _pipeline_check_sp(config: DiffusersPolicyConfig, sp_degree: int) -> None:
+    """The degree divides the folder transformer's heads and its image (a video's: video) tokens; only the
+    families `pipelines.sequence_parallel` shards take a degree over 1. Prompt lengths are the text
+    encoders' and are checked where they are encoded, on the devices."""
+    check_sp_degree(sp_degree, num_heads=_pipeline_heads(config))
+    if sp_degree > 1 and config.family not in TOKEN_SHARDED_FAMILIES:
+        raise ValueError(f"elastic SP shards the tokens of {', '.join(TOKEN_SHARDED_FAMILIES)} transformers, not "
+                         f"{config.family}: use a folder of one of those, or runtime.sp_degree=1")
+    folder = read_pipeline_folder(config.pretrained or "")
+    check_sp_degree(sp_degree, num_tokens=folder.image_tokens(_pipeline_resolution(config), config.num_frames))
+
+
 TINY_DIFFUSERS = _diffusers_spec("tiny-diffusers", DiffusersPolicy.from_config)
 PRETRAINED = _diffusers_spec("pretrained", DiffusersPolicy.from_config)
-PIPELINE = _diffusers_spec("pipeline", PipelinePolicy.from_config)
+PIPELINE = replace(_diffusers_spec("pipeline", PipelinePolicy.from_config), attention_heads=_pipeline_heads,
+                   latent_shape=_pipeline_latent_shape, check_sp=_pipeline_check_sp)
 
 
 def spec_of(config: ModelConfig | Mapping[str, Any]) -> ModelSpec:
@@ -214,8 +247,8 @@ def attention_heads(config: ModelConfig) -> int:
     return spec_of(config).attention_heads(config)
 
 
-def latent_shape_of(config: ModelConfig) -> tuple[int, int, int]:
-    """(C, H, W) of the latents the policy of ``config`` denoises, without building it."""
+def latent_shape_of(config: ModelConfig) -> tuple[int, ...]:
+    """(C, H, W) of the latents the policy of ``config`` denoises (a video's (C, f, h, w)), without building it."""
     return spec_of(config).latent_shape(config)
 
 
@@ -243,7 +276,7 @@ def prepare_policy(description: Mapping[str, Any], cache: PolicyCache) -> None:
 
 def sp_denoise_step(policy: Policy, group: ProcessGroup | None, tokens: torch.Tensor, seeds: Sequence[int],
                     plan: SamplingPlan, latents: torch.Tensor, step: int) -> torch.Tensor:
-    """Latents (B, C, H, W) at schedule index ``step + 1`` from ``latents`` at ``step``, over the SP ``group``.
+    """Latents (B, C, H, W), a video's (B, C, f, h, w), at ``step + 1`` from ``latents`` at ``step`` over ``group``.
 
     Every rank returns the same latents. Step k's noise comes from stream (seed, k), so the result
     does not depend on which group (or which formation of it) takes the step.

@@ -43,7 +43,6 @@ from spotlight.runtime.queue.remote import QueueClient, RemoteQueue
 from spotlight.runtime.queue.request_queue import Request
 from spotlight.runtime.sp.reconfigure import SPGroup, device_id, node_of
 from spotlight.runtime.spot.device_processes import AgentError, DeviceProcesses, GroupBroken
-from spotlight.task_presets import get_task
 
 __all__ = ["AgentError", "GroupBroken", "NodeAgent", "NodeAgentActor", "ServeReport"]
 
@@ -269,20 +268,20 @@ class NodeAgent:
     def run_step(
         self, group_name: str, request: Request, latent: torch.Tensor, step: int
     ) -> torch.Tensor:
-        """One SP denoising step of ``request``: ``latent`` (C, H, W) at ``step`` -> latent at ``step + 1``.
+        """One SP denoising step of ``request``: ``latent`` (C, H, W) (a video's (C, f, h, w)) at ``step`` -> latent
+        at ``step + 1``.
 
+        The prompt travels as text: each device process's policy tokenizes it (a task's token ids, or a
+        pipeline folder's prompt ids of that process's own cache of its text encoders' embeddings).
         Raises `GroupBroken` if a member is dead or the step's collectives failed.
         """
         group = self._groups.get(group_name)
         if group is None:
             raise AgentError(f"no group {group_name} on {self.node_id}: form it with form_groups() first")
         members = self._member_indices(group)
-        config = self._model_config
-        if config is None:
+        if self._model_config is None:
             raise AgentError(f"no weights on {self.node_id}: call load_weights() before serving")
-        # The weights' own task tokenizes (the policy's text encoder embeds its ids on the devices).
-        tokens = get_task(config.task).tokenize([request.prompt], config.max_text_len)
-        args = (tokens, [request.seed], request.plan, latent[None], step)
+        args = ([request.prompt], [request.seed], request.plan, latent[None], step)
         replies = self._processes.command(members, "step", args, group=group_name)
         return replies[members[0]][0]
 

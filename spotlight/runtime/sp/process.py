@@ -12,8 +12,10 @@ with small commands; a reply is ``("ok", value)`` or ``("error", one-line messag
                                    under the prefix ``group`` (a new name per generation), so a
                                    re-formation never meets keys of a dead formation
     leave()                        destroy the process group (a dead peer does not block this)
-    step(tokens, seeds, plan, latents, step)
-                                   one SP denoising step; rank 0 replies with the latents
+    step(prompts, seeds, plan, latents, step)
+                                   one SP denoising step; rank 0 replies with the latents (the
+                                   policy tokenizes the prompts here: a pipeline folder's prompt
+                                   ids index this process's own cache of its embeddings)
     exit()
 
 Why processes and not threads in the agent: each device needs its own torch.distributed state
@@ -87,14 +89,14 @@ def _leave(state: _DeviceState) -> None:
 
 
 def _step(
-    state: _DeviceState, tokens: torch.Tensor, seeds: list[int], plan: SamplingPlan, latents: torch.Tensor, step: int
+    state: _DeviceState, prompts: list[str], seeds: list[int], plan: SamplingPlan, latents: torch.Tensor, step: int
 ) -> torch.Tensor | None:
     if state.model is None:
         raise RuntimeError("step before attach: load weights into the agent before serving")
     if state.group_name is None:
         raise RuntimeError("step outside a group: form the device's SP group first")
     group = dist.group.WORLD if state.world > 1 else None
-    latents = sp_denoise_step(state.model, group, tokens, seeds, plan, latents, step)
+    latents = sp_denoise_step(state.model, group, state.model.tokenize(prompts), seeds, plan, latents, step)
     return latents if state.rank == 0 else None
 
 
