@@ -38,6 +38,9 @@ REPO = Path(__file__).resolve().parents[3]
 PARTIAL = {"wan": (8, ("attn1.to_q", "attn2.to_k", "ffn.net.2")),  # a few targets, some outside attention
            "qwen-image": (8, ("attn.to_q", "attn.add_k_proj", "attn.to_add_out", "txt_mlp.net.2"))}
 PARTIAL_MMDIT = (8, ("attn.to_q", "attn.add_k_proj", "attn.to_out.0", "ff_context.net.2"))
+# adapters on the embeddings and modulations: gradients then reach the timestep stream and the inputs' first layers
+OUTSIDE_BLOCKS = {"sd3": ("linear", "context_embedder", "net.0.proj"), "flux": ("linear", "proj_mlp", "x_embedder"),
+                  "qwen-image": ("img_mod.1", "txt_in", "linear_1"), "wan": ("time_proj", "linear_1", "proj_out")}
 FLUX_DEV = {"_class_name": "FluxTransformer2DModel", "attention_head_dim": 128, "axes_dims_rope": [16, 56, 56],
             "guidance_embeds": True, "in_channels": 64, "joint_attention_dim": 4096, "num_attention_heads": 24,
             "num_layers": 19, "num_single_layers": 38, "patch_size": 1, "pooled_projection_dim": 768}
@@ -78,7 +81,7 @@ def test_tiny_pipelines_count_what_the_meta_device_counts(family: str, tiny_pipe
     folder = read_pipeline_folder(tiny_pipeline(family))
     frames = 5 if folder.is_video else None
     partial = PARTIAL.get(folder.family, PARTIAL_MMDIT)
-    for lora in (None, (4, lora_targets(folder.family)), partial):
+    for lora in (None, (4, lora_targets(folder.family)), partial, (2, OUTSIDE_BLOCKS[folder.family])):
         _assert_equal(folder, (32, 48), 24, lora, frames, names=True)
 
 
@@ -191,8 +194,9 @@ def test_a_config_the_walks_do_not_model_is_counted_on_the_meta_device(tmp_path:
     """LoRA on a convolution (peft wraps it; the walks do not): the plan's count is the meta device's."""
     folder = read_pipeline_folder(model_folder("sd3.5-medium"))
     lora = (4, ("pos_embed.proj", "attn.to_q"))
-    with pytest.raises(NotAnalytic):
-        count_transformer("sd3", folder.transformer, 256, 333, 1, lora)
+    for targets in (lora[1], ("ff.net.0",), ("attn",)):  # a convolution, a GELU, an attention module
+        with pytest.raises(NotAnalytic):
+            count_transformer("sd3", folder.transformer, 256, 333, 1, (4, targets))
     counted = count_forward_flops(folder, (256, 256), 333, lora=lora, backward=True)
     assert counted == count_on_meta(folder.path, (256, 256), 333, 1, lora, True, False, None)
     assert counted.lora_parameters > 0

@@ -108,11 +108,13 @@ class Trace:
         peft would wrap, refuse or not find is then the walk's Linears alone)."""
         if self.lora is None:
             return
+        modules = self.linears | self.others
+        containers = {name[:i] for name in modules for i, char in enumerate(name) if char == "."}
         for target in self.lora[1]:
             def hit(module: str, target: str = target) -> bool:
                 return module == target or module.endswith(f".{target}")
 
-            if not any(hit(m) for m in self.linears) or any(hit(m) for m in self.others - self.linears):
+            if not any(hit(m) for m in self.linears) or any(hit(m) for m in (self.others | containers) - self.linears):
                 raise NotAnalytic(f"LoRA target {target!r}")
 
     @property
