@@ -6,10 +6,11 @@
                vanilla / spot-rollout: random
     rollout    P_i's groups in fixed parts, one per device (on-demand and spot), each sampled by an idle spot
                device holding θ_i or else by the on-demand device; a part lost to a preemption is redone there
-    training   spotlight: AT THE SAME TIME, a round explores P_{i+1} with θ_i through the queue, under
-               the planner's budget (the last training time), plus a re-score of a few of P_i's
-               candidates with θ_i for the staleness monitor (Kendall τ of stale vs fresh rankings);
-               a round drained before training ends gets more candidates per prompt (`ray_top_up`)
+    training   spotlight: AT THE SAME TIME, from the end of the rollout's sampling (θ_i is on the devices
+               already), a round explores P_{i+1} with θ_i through the queue, under the planner's budget
+               (the last scoring and training times), plus a re-score of a few of P_i's candidates with
+               θ_i for the staleness monitor (Kendall τ of stale vs fresh rankings); a round drained
+               before training ends gets more candidates per prompt, the queue kept ahead (`ray_top_up`)
     validate   the evaluated weights go to every spot device, and validation's chunks are shared between
                the trainer and them (`spotlight.backends.ray_share`); the next start hands out θ_{i+1}
 
@@ -78,6 +79,8 @@ class RayBackend:
         self.round_metrics: dict[str, float] = {}  # the planner's, when no round opened beside training
         self.validations = 0  # each validation's weights go out under a version of their own (< 0)
         self.top_up: RoundTopUp | None = None  # more candidates for the round beside training, while it runs
+        self.budget_s = 0.0  # the last training time (the trainer's budget), as choose_seeds was given it
+        self.scoring_s = 0.0  # the last rollout's scoring time: the round beside training hides behind it too
         if config.runtime.complete_rounds and view.planner is not None and len(view.planner.arms) != 1:
             raise RunError(f"runtime.complete_rounds needs one planner arm (got {len(view.planner.arms)}): set "
                            "explore.planner's num_candidates and num_steps to one value each")
@@ -108,6 +111,7 @@ class RayBackend:
     def choose_seeds(self, iteration: int, prompts: list[str], budget_s: float) -> Exploration:
         """Random seeds, or those of the round that explored P_i (now with θ_i, or during the last training)."""
         config, metrics = self.config, {}
+        self.budget_s = budget_s  # the round opened when this rollout's sampling ends hides behind it
         random_seeds = candidate_seeds(config.seed, iteration, len(prompts), config.rollout.group_size)
         if self.mode is Mode.SYNC_EXPLORE:
             metrics.update(self._open_round(iteration, iteration, budget_s))
@@ -165,25 +169,41 @@ class RayBackend:
                 trajectories[k] = self._sample_here(requests[k])
         ordered = [trajectories[k] for k in range(num_parts)]
         self.marks.rollout_ended = cluster.now()  # sampled; scoring is billed to the rollout too
+        if self.mode is Mode.SPOTLIGHT:
+            self._explore_next(iteration)
         return Trajectory(torch.cat([t.latents for t in ordered]), torch.cat([t.log_probs for t in ordered]), 0)
 
     def training_started(self, iteration: int, budget_s: float) -> None:
-        """Bill the scoring; in spotlight mode, open the round exploring P_{i+1} with θ_i."""
+        """Bill the scoring (the round beside training opened when the sampling ended, `_explore_next`)."""
         cluster = self.cluster
         scored_at = cluster.now()
         cluster.ledger.busy(ON_DEMAND, self.marks.rollout_ended, scored_at, "rollout")
+        self.scoring_s = scored_at - self.marks.rollout_ended
         self.marks.rollout_ended = scored_at
+
+    def _explore_next(self, iteration: int) -> None:
+        """Spotlight: open the round exploring P_{i+1} with θ_i as soon as the rollout's sampling ends.
+
+        θ_i is on the devices already, so they explore while the trainer scores the rollout, then while it
+        trains (opened at training start, the devices waited out the scoring). The planner's budget is what
+        the round hides behind: the last scoring and training times. It chooses before it has seen this
+        rollout's reward variance, which it learns one round later than at training start. An open round is
+        topped up until training ends; if no device was up, the round opens when one comes up (`_open_late`).
+        """
+        cluster = self.cluster
         self.round_metrics = {}
-        if self.mode is Mode.SPOTLIGHT and iteration + 1 < self.config.iterations:
-            self.round_metrics = self._open_round(iteration + 1, iteration, budget_s)
-            with cluster.lock:
-                if cluster.elastic is not None or self.config.runtime.complete_rounds:
-                    return
-                if cluster.round is not None:  # the devices keep exploring P_{i+1} until training ends
-                    cluster.feed = self.top_up.feed
-                elif self.round_metrics.get("planner/spot_devices") == 0:  # none was up: open it when one is
-                    opened_at = cluster.now()
-                    cluster.feed = lambda: self._open_late(iteration, budget_s - (cluster.now() - opened_at))
+        if iteration + 1 >= self.config.iterations:
+            return
+        budget_s = self.budget_s + self.scoring_s
+        self.round_metrics = self._open_round(iteration + 1, iteration, budget_s)
+        with cluster.lock:
+            if cluster.elastic is not None or self.config.runtime.complete_rounds:
+                return
+            if cluster.round is not None:  # the devices keep exploring P_{i+1} until training ends
+                cluster.feed = self.top_up.feed
+            elif self.round_metrics.get("planner/spot_devices") == 0:  # none was up: open it when one is
+                opened_at = cluster.now()
+                cluster.feed = lambda: self._open_late(iteration, budget_s - (cluster.now() - opened_at))
 
     def _open_late(self, iteration: int, budget_s: float) -> None:
         """Controller thread, under the cluster lock: a spot device holding θ_i came up while θ_i trains and no
@@ -335,8 +355,10 @@ class RayBackend:
         self.round_monitor = monitor
         # the trainer scores every candidate after the update: no more than the planner's largest arm would have
         limit = max(arm.num_candidates for arm in view.planner.arms)
-        self.top_up = RoundTopUp.sized(lambda more: ray.get(cluster.queue.submit.remote(more)), round_, seed_stream,
-                                       sampling, config.runtime.forward_batch, limit)
+        self.top_up = RoundTopUp.sized(lambda more: ray.get(cluster.queue.submit.remote(more)),
+                                       lambda: ray.get(cluster.queue.remaining.remote(version)), round_, seed_stream,
+                                       sampling, config.runtime.forward_batch, limit,
+                                       held=max(1, devices) * config.runtime.worker_capacity)
         with cluster.lock:
             cluster.round = round_
         return {}
@@ -344,8 +366,8 @@ class RayBackend:
     def _close_round(self, wait: bool = True) -> None:
         """Wait for the open round (cancelling what is left after runtime.explore_wait_s), score and select.
 
-        ``wait`` False: a topped-up round, whose own requests are done; what is left of its last block is
-        cancelled at once (`keep_complete_top_ups` drops it).
+        ``wait`` False: a topped-up round, whose own requests are done; what is left of its blocks is
+        cancelled at once (`keep_complete_top_ups` drops the unfinished ones).
         """
         config, view, cluster = self.config, self.view, self.cluster
         round_, monitor = cluster.round, self.round_monitor
@@ -358,7 +380,7 @@ class RayBackend:
         with cluster.lock:
             cluster.round = None
         planned = round_.plan.num_candidates
-        if not drained or round_.candidates.shape[1] > planned:  # a top-up's last block may still be queued
+        if not drained or round_.candidates.shape[1] > planned:  # a top-up's blocks may still be queued
             ray.get(cluster.queue.cancel.remote(round_.all_ids))
         results = ray.get(cluster.queue.results_of.remote(round_.all_ids))  # then freed: a lost answer loses nothing
         cluster.queue.forget.remote(round_.all_ids)
@@ -378,9 +400,11 @@ class RayBackend:
         if trips:
             cluster.events.write(cluster.now(), "pull_round_trip", mean_s=float(np.mean(trips)), pulls=len(trips))
         finished = int((~missing).sum())
-        if round_.device_s > 0 and not missing.any():
-            view.planner.observe_cost(round_.plan, round_.device_s * round_.own_share(), rewards.numel(),
-                                      round_.plan.num_steps)
+        device_s, share, scored = round_.device_s, round_.own_share(), rewards.numel()
+        if self.top_up is not None and self.top_up.blocks:  # the planned part's: the blocks' calls did not end
+            device_s, share, scored = self.top_up.planned_device_s, self.top_up.planned_share, planned * len(rewards)
+        if device_s > 0 and not missing.any():
+            view.planner.observe_cost(round_.plan, device_s * share, scored, round_.plan.num_steps)
         elif finished and not config.runtime.complete_rounds:
             # Cut at the wait: the planned devices' time over the finished candidates bounds the cost from
             # above (unfinished ones used some of it), so the next round is sized smaller, not calibrated again.
