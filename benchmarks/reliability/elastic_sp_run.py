@@ -17,6 +17,11 @@ benchmarks/results/elastic_sp_reconfigurations.jsonl.
 ``--policy-config configs/qwen-image-tiny-lora.yaml`` (or flux) serves that config's diffusers policy
 instead of a TinyDiT, with its LoRA B matrices drawn at random: the agents receive only the LoRA
 matrices and each device process rebuilds the frozen base from the config's ``init_seed``.
+
+``--pipeline-folder DIR`` serves a pipeline folder's policy (a tiny Wan2.1 text-to-video folder from
+``spotlight make-tiny-pipeline wan DIR``: 5 frames of 16 x 16 by default, ``--resolution`` / ``--num-frames``),
+its LoRA drawn at random: each device process loads the folder and encodes its prompts with the folder's
+text encoder, and the group shards the video tokens. Its results are (C, f, h, w) video latents.
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ from spotlight.diffusion.sampler import SamplingPlan
 from spotlight.loop.base_policy import build_policy
 from spotlight.market.traces import default_trace_dir, load_trace
 from spotlight.models.generation import generate
+from spotlight.models.pipelines.family_config import DiffusersPolicyConfig
+from spotlight.models.pipelines.folder import read_pipeline_folder
+from spotlight.models.pipelines.policy import PipelinePolicy
 from spotlight.models.policy import Policy
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
 from spotlight.runtime.queue.remote import start_queue_actor
@@ -73,6 +81,18 @@ def random_lora_policy(config_path: str) -> Policy:
     return policy.eval()
 
 
+def random_folder_policy(folder: str, resolution: tuple[int, int], num_frames: int) -> Policy:
+    """A pipeline folder's policy (float32, no CFG) with every LoRA matrix drawn at random."""
+    config = DiffusersPolicyConfig(family=read_pipeline_folder(folder).family, pretrained=folder, pipeline=True,
+                                   resolution=resolution, num_frames=num_frames, dtype="float32", guidance_scale=1.0,
+                                   max_sequence_length=16, lora_rank=4, lora_alpha=8.0)
+    policy = PipelinePolicy.from_config(config)
+    generator = torch.Generator().manual_seed(0)
+    policy.load_broadcast_state({name: torch.randn(t.shape, generator=generator) * 0.2
+                                 for name, t in policy.broadcast_state().items()})
+    return policy.eval()
+
+
 def crash_a_serving_node(queue: ray.actor.ActorHandle, nodes: LocalSpotNodes, after_done: int,
                          crashed: list[str]) -> None:
     """Once ``after_done`` requests are done, kill a node whose group holds a lease, telling no one.
@@ -103,13 +123,20 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=float, default=2400.0, help="give up if the queue is not drained by then")
     parser.add_argument("--policy-config", default=None, help="a *-tiny-lora.yaml config: serve its diffusers "
                         "LoRA policy (FLUX or Qwen-Image) instead of the TinyDiT")
+    parser.add_argument("--pipeline-folder", default=None, help="a pipeline folder (e.g. spotlight make-tiny-pipeline "
+                        "wan DIR): serve its LoRA policy, video latents for a Wan folder")
+    parser.add_argument("--resolution", type=int, nargs=2, default=(16, 16), help="--pipeline-folder's pixels (h w)")
+    parser.add_argument("--num-frames", type=int, default=5, help="--pipeline-folder's frames (a video folder)")
     parser.add_argument("--crash-after", type=int, default=None, help="once this many requests are done, kill a "
                         "serving node with no notice (default: two thirds of --requests; 0: never)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     crash_after = args.requests * 2 // 3 if args.crash_after is None else args.crash_after
     trace = load_trace(default_trace_dir() / "aws-p3-bamboo.csv").clipped(args.nodes).window(0.0, args.window_s)
-    model = random_model() if args.policy_config is None else random_lora_policy(args.policy_config)
+    if args.pipeline_folder is not None:
+        model = random_folder_policy(args.pipeline_folder, tuple(args.resolution), args.num_frames)
+    else:
+        model = random_model() if args.policy_config is None else random_lora_policy(args.policy_config)
     settings = ElasticSPSettings(sp_degrees={model.latent_shape[-1]: 2}, devices_per_node=2, min_step_s=args.min_step_s)
     plan = SamplingPlan(num_steps=args.steps)
     requests = [Request(f"r{i:03d}", PROMPTS[i % len(PROMPTS)], 1000 + i, plan, weights_version=0)
@@ -168,6 +195,7 @@ def main() -> None:
     payload = {
         "benchmark": "elastic_sp_run", "commit": git_commit(), "machine": machine(),
         "config": {"model": model.describe(), "policy_config": args.policy_config,
+                   "pipeline_folder": args.pipeline_folder, "latent_shape": list(model.latent_shape),
                    "requests": args.requests, "steps": args.steps, "nodes": args.nodes,
                    "trace": "aws-p3-bamboo.csv", "window_s": args.window_s, "time_scale": args.time_scale,
                    "min_step_s": args.min_step_s, "sp_degree": 2, "devices_per_node": 2,
