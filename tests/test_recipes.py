@@ -16,7 +16,8 @@ from spotlight.models.pipelines.folder import PipelineFolderError, read_pipeline
 from spotlight.schema import ConfigError
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-RECIPES = ("sd35m-ocr-lora", "flux-dev-geneval-lora", "qwen-image-ocr-lora", "flux-kontext-edit-lora")
+RECIPES = ("sd35m-ocr-lora", "flux-dev-geneval-lora", "qwen-image-ocr-lora", "flux-kontext-edit-lora",
+           "qwen-image-edit-lora")
 
 
 @pytest.mark.parametrize("name", RECIPES)

@@ -1,4 +1,4 @@
-"""Source images as FLUX.1 Kontext's condition latents, encoded once per dataset row.
+"""Source images as an edit pipeline's condition latents (FLUX.1 Kontext, Qwen-Image-Edit), encoded once per row.
 
 What ``FluxKontextPipeline.__call__`` does with its ``image`` argument, for a row of an edit dataset:
 the image is resized to the run's resolution (the pipeline keeps the source's own size, rounded to a
@@ -8,6 +8,12 @@ pipeline's ``VaeImageProcessor`` to [-1, 1], encoded by the VAE at its distribut
 pipeline's ``sample_mode="argmax"``) and normalised as ``(z - shift_factor) * scaling_factor``. The
 latents (1, C, h, w) join the row's text embeddings in `spotlight.models.pipelines.prompts.PromptCache`,
 so each row pays for one VAE encode per process, as it pays for one text encode.
+
+``QwenImageEditPipeline`` does the same with its own VAE: the resized image as one frame (B, 3, 1, H, W),
+the mode of its distribution, normalised as ``(z - latents_mean) / latents_std``; the frame axis is dropped
+here (the rollout's latents are (C, h, w)). Unlike Kontext it also shows the source to its text encoder:
+``encode_prompt(prompt, image=...)`` takes the same resized PIL image (`text_encoder_images`), so an edit
+row's text embeddings depend on its image; they are cached by the row's key, which names both.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import torch
 
 from spotlight.data.edit_key import SOURCE_MARK, split_sample_key
 
-__all__ = ["ConditionImages", "EditRowError", "split_edit_rows"]
+__all__ = ["ConditionImages", "EditRowError", "split_edit_rows", "text_encoder_images"]
 
 
 class EditRowError(ValueError):
@@ -42,15 +48,33 @@ def split_edit_rows(keys: Sequence[str], condition: ConditionImages | None,
     return list(keys), [None] * len(keys)
 
 
+def text_encoder_images(condition: ConditionImages | None, sources: Sequence[str | None]) -> dict[str, Any]:
+    """What ``encode_prompt`` takes beside the instructions: Qwen-Image-Edit's ``image`` (the rows' resized
+    sources, which its text encoder sees); nothing for Kontext or a text-to-image folder."""
+    if condition is None or not condition.shows_text_encoder:
+        return {}
+    if any(path is None for path in sources):
+        raise EditRowError("data.dataset: a plain prompt (no \"image\") given to a QwenImageEditPipeline folder, whose "
+                           "text encoder reads every prompt beside its source image: use an edit dataset (each row "
+                           "an instruction and an \"image\")")
+    height, width = condition.resolution
+    return {"image": [condition.processor.resize(condition.load(str(path)), height, width) for path in sources]}
+
+
 class ConditionImages:
-    """The condition latents of edit keys at ``resolution`` (H, W), through ``decoder``'s VAE (shared, loaded once)."""
+    """The condition latents of edit keys at ``resolution`` (H, W), through ``decoder``'s VAE (shared, loaded once).
+
+    ``shows_text_encoder``: the folder's text encoder reads the source image too (Qwen-Image-Edit).
+    """
 
     def __init__(self, decoder: Any, resolution: tuple[int, int], vae_scale_factor: int) -> None:
         from diffusers.image_processor import VaeImageProcessor
 
         self.decoder = decoder
         self.resolution = resolution
-        self.processor = VaeImageProcessor(vae_scale_factor=vae_scale_factor * 2)  # as FluxKontextPipeline builds it
+        self.processor = VaeImageProcessor(vae_scale_factor=vae_scale_factor * 2)  # as both edit pipelines build it
+        self.framed = decoder.folder.family == "qwen-image"  # a video-shaped VAE: one frame, mean/std normalised
+        self.shows_text_encoder = self.framed
 
     @staticmethod
     def split(keys: Sequence[str]) -> tuple[list[str], list[str | None]]:
@@ -79,6 +103,13 @@ class ConditionImages:
             for path in paths:
                 image = self.processor.resize(self.load(path), height, width)
                 pixels = self.processor.preprocess(image, height, width).to(self.decoder.device, vae.dtype)
+                if self.framed:
+                    latents = vae.encode(pixels.unsqueeze(2)).latent_dist.mode()[:, :, 0]
+                    shape = (1, latents.shape[1], 1, 1)
+                    mean = torch.tensor(config.latents_mean).view(shape).to(latents.device, latents.dtype)
+                    std = torch.tensor(config.latents_std).view(shape).to(latents.device, latents.dtype)
+                    rows.append((latents - mean) / std)
+                    continue
                 latents = vae.encode(pixels).latent_dist.mode()
                 rows.append((latents - (config.shift_factor or 0.0)) * config.scaling_factor)
         return rows

@@ -162,9 +162,9 @@ def transformer_velocity(
         pooled=None if cond.pooled is None else moved_to(cond.pooled, x.device).to(dtype=model_dtype),
         mask=None if cond.mask is None else moved_to(cond.mask, x.device),
         image=None if cond.image is None else moved_to(cond.image, x.device).to(dtype=model_dtype))
-    if cond.image is not None and family != "flux":
-        raise ValueError(f"a condition image (PromptEmbeddings.image) is an input of FLUX.1 Kontext; the {family} "
-                         "transformer takes none: drop it, or load a FluxKontextPipeline folder")
+    if cond.image is not None and family not in ("flux", "qwen-image"):
+        raise ValueError(f"a condition image (PromptEmbeddings.image) is an input of FLUX.1 Kontext and "
+                         f"Qwen-Image-Edit; the {family} transformer takes none: drop it, or load an edit pipeline")
     sigma = moved_to(sigma, x.device).to(dtype=torch.float32).expand(batch)
     if family in ("sd3", "flux") and cond.pooled is None:
         raise ValueError(f"{family} needs pooled prompt embeddings (PromptEmbeddings.pooled, (B, P)): "
@@ -191,8 +191,12 @@ def transformer_velocity(
                           return_dict=False)[0][:, :(height // 2) * (width // 2)]
     else:
         img_shapes = [[(1, height // 2, width // 2)]] * batch
+        if cond.image is not None:  # Qwen-Image-Edit: the source's tokens after the target's, a second image shape
+            tokens = torch.cat([tokens, pack_latents(cond.image)], dim=1)
+            img_shapes = [[(1, height // 2, width // 2), (1, cond.image.shape[-2] // 2, cond.image.shape[-1] // 2)]
+                          ] * batch
         out = transformer(hidden_states=tokens, encoder_hidden_states=cond.embeds,
                           encoder_hidden_states_mask=cond.mask, timestep=sigma, img_shapes=img_shapes,
-                          return_dict=False)[0]
+                          return_dict=False)[0][:, :(height // 2) * (width // 2)]
     return unpack_latents(out, height, width).to(x.dtype)
 

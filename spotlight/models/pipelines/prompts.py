@@ -66,7 +66,8 @@ import torch
 import torch.nn.functional as F
 
 from spotlight.diffusion.sampler import to_device
-from spotlight.models.editing.condition import split_edit_rows
+from spotlight.models.editing.condition import split_edit_rows, text_encoder_images
+from spotlight.models.editing.qwen_processor import pipeline_parts
 from spotlight.models.pipelines.folder import PipelineFolder
 from spotlight.models.pipelines.inputs import PromptEmbeddings
 from spotlight.models.pipelines.loading import quiet_loading
@@ -172,8 +173,8 @@ class PromptCache:
             name = str(self.folder.index.get("_class_name"))  # the folder's own pipeline (Kontext: its own)
             # the text half of the pipeline: its encode_prompt is the reference we must equal
             with quiet_loading():
-                self._pipe = getattr(diffusers, name).from_pretrained(
-                    str(self.folder.path), transformer=None, vae=None, dtype=self.dtype)
+                self._pipe = getattr(diffusers, name).from_pretrained(  # parts: Qwen-Image-Edit's processor
+                    str(self.folder.path), transformer=None, vae=None, dtype=self.dtype, **pipeline_parts(self.folder))
             self._pipe.set_progress_bar_config(disable=True)
             for component in self._pipe.components.values():
                 if isinstance(component, torch.nn.Module):
@@ -218,8 +219,9 @@ class PromptCache:
                                            max_sequence_length=self.max_sequence_length)
             pooled, lengths = None, [embeds.shape[1]] * len(prompts)
         else:
-            embeds, mask = pipe.encode_prompt(prompt=prompts, device=device,
-                                              max_sequence_length=self.max_sequence_length)
+            embeds, mask = pipe.encode_prompt(prompt=prompts, device=device,  # Qwen-Image-Edit's: + source images
+                                              max_sequence_length=self.max_sequence_length,
+                                              **text_encoder_images(self.condition, sources))
             pooled = None
             # the batch is padded to its longest prompt: each row keeps its own length (one read per batch)
             lengths = [embeds.shape[1]] * len(prompts) if mask is None else mask.sum(dim=1).tolist()

@@ -1,4 +1,5 @@
-"""Tiny, randomly initialised diffusers pipeline folders (SD3, FLUX, Qwen-Image, Wan2.1) built with no model hub.
+"""Tiny, randomly initialised diffusers pipeline folders (SD3, FLUX, Qwen-Image, Wan2.1, and the edit pipelines
+FLUX.1 Kontext and Qwen-Image-Edit) built with no model hub.
 
 What a test, a benchmark or a user on a laptop points ``model.pretrained`` at when no real checkpoint
 is at hand: every part is the family's real class (``SD3Transformer2DModel``, ``AutoencoderKL``,
@@ -165,6 +166,12 @@ def _qwen_image() -> dict[str, Any]:
                 tokenizer=character_tokenizer(2048, False), scheduler=scheduler)
 
 
+def _qwen_image_edit() -> dict[str, Any]:
+    from spotlight.models.editing.tiny_qwen_edit import tiny_qwen_edit_parts
+
+    return tiny_qwen_edit_parts(_qwen_image())
+
+
 def _wan() -> dict[str, Any]:
     from spotlight.models.video.tiny_wan import tiny_wan_parts
 
@@ -173,9 +180,10 @@ def _wan() -> dict[str, Any]:
 
 _PARTS = {"sd3": (_sd3, "StableDiffusion3Pipeline"), "flux": (_flux, "FluxPipeline"),
           "qwen-image": (_qwen_image, "QwenImagePipeline"), "wan": (_wan, "WanPipeline"),
-          "flux-kontext": (_flux, "FluxKontextPipeline")}  # Kontext: FLUX's parts, saved as the edit pipeline
+          "flux-kontext": (_flux, "FluxKontextPipeline"),  # Kontext: FLUX's parts, saved as the edit pipeline
+          "qwen-image-edit": (_qwen_image_edit, "QwenImageEditPipeline")}  # + an image-seeing text encoder
 # what make-tiny-pipeline builds: the families, and the edit pipelines by their own names
-TINY_PIPELINES: tuple[str, ...] = (*FAMILIES, "flux-kontext")
+TINY_PIPELINES: tuple[str, ...] = (*FAMILIES, "flux-kontext", "qwen-image-edit")
 
 
 def build_tiny_pipeline(family: Family | str, seed: int = 0) -> Any:
@@ -203,7 +211,12 @@ def save_tiny_pipeline(family: Family | str, folder: str | Path, seed: int = 0) 
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    build_tiny_pipeline(family, seed).save_pretrained(str(folder))
+    pipe = build_tiny_pipeline(family, seed)
+    pipe.save_pretrained(str(folder))
+    if "processor" in pipe.components:  # Qwen-Image-Edit's, built without torchvision: named as transformers'
+        from spotlight.models.editing.qwen_processor import portable_folder
+
+        portable_folder(folder)
     saved = read_pipeline_folder(folder)
     for part in saved.components:  # every class model_index.json names is one diffusers (and Spotlight) can load
         component_class(saved, part)

@@ -76,7 +76,7 @@ def test_shipped_configs_count_what_the_meta_device_counts(name: str, finetune: 
     _assert_equal(folder, resolution, text_tokens(folder, None, 32), lora, frames, names=finetune == "lora")
 
 
-@pytest.mark.parametrize("family", ["sd3", "flux", "flux-kontext", "qwen-image", "wan"])
+@pytest.mark.parametrize("family", ["sd3", "flux", "flux-kontext", "qwen-image", "qwen-image-edit", "wan"])
 def test_tiny_pipelines_count_what_the_meta_device_counts(family: str, tiny_pipeline) -> None:
     folder = read_pipeline_folder(tiny_pipeline(family))
     frames = 5 if folder.is_video else None
@@ -112,6 +112,8 @@ def test_each_recipe_counts_what_the_meta_device_counts(recipe: str, tiny_pipeli
                "flux-dev": lambda: _published(tmp_path, tiny_pipeline("flux"), "dev", FLUX_DEV, FLUX_VAE),
                "flux-kontext": lambda: _published(tmp_path, tiny_pipeline("flux-kontext"), "kontext", FLUX_DEV,
                                                   FLUX_VAE),
+               "qwen-image-edit": lambda: _published(tmp_path, tiny_pipeline("qwen-image-edit"), "qwen-edit",
+                                                     *qwen_image_configs()),  # Qwen-Image-Edit: Qwen-Image's configs
                "wan21": lambda: _published(tmp_path, tiny_pipeline("wan"), "wan", WAN_1_3B, wan_vae)}
     prefix = next((key for key in folders if recipe.startswith(key)), None)
     if prefix is None:  # a tiny recipe: its family's tiny pipeline
@@ -126,6 +128,12 @@ def test_each_recipe_counts_what_the_meta_device_counts(recipe: str, tiny_pipeli
         lora = (int(model["lora_rank"]), lora_targets(folder.family, model.get("lora_target_modules")))
     tokens = text_tokens(folder, model.get("max_sequence_length"), 32)
     _assert_equal(folder, resolution, tokens, lora, rollout.get("num_frames") if folder.is_video else None)
+
+
+def qwen_image_configs() -> tuple[dict, dict]:
+    """The published Qwen-Image transformer and VAE configs (Qwen-Image-Edit's are the same)."""
+    return tuple(json.loads((model_folder("qwen-image") / part / "config.json").read_text())
+                 for part in ("transformer", "vae"))
 
 
 def _part_folders(tiny_pipeline) -> list[Path]:
