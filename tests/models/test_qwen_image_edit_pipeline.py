@@ -12,6 +12,8 @@ changes it); Spotlight's samples share the run's resolution, so the source takes
 does for Kontext. The reference call therefore has that one sizing rule set to the target's size
 (``calculate_dimensions`` patched in the pipeline's module); everything else is the pipeline's own code:
 the same resize, processor, prompt template, VAE encode, schedule and transformer calls.
+``QwenImageEditPlusPipeline`` (Qwen-Image-Edit-2509) is checked alike; its text encoder's view of the source
+(~384 x 384 of the source's aspect) is its own rule, left as it is.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ INSTRUCTION = "make the circle blue"
 STEPS = 2
 SIZE = 32
 LATENT = SIZE // 2  # the tiny VAE halves each side
+KINDS = {"qwen-image-edit": "QwenImageEditPipeline", "qwen-image-edit-plus": "QwenImageEditPlusPipeline"}
 
 
 @pytest.fixture(scope="module")
@@ -49,27 +52,39 @@ def source(tmp_path_factory) -> Path:
 
 
 def edit_pipeline(folder: Path):
-    """``QwenImageEditPipeline.from_pretrained(folder)``, its processor built without torchvision."""
+    """The folder's own pipeline class ``.from_pretrained(folder)``, its processor built without torchvision."""
+    import json
+
     import diffusers
 
     from spotlight.models.editing.qwen_processor import load_edit_processor
 
-    loaded = diffusers.QwenImageEditPipeline.from_pretrained(str(folder), processor=load_edit_processor(folder))
+    name = json.loads((folder / "model_index.json").read_text())["_class_name"]
+    loaded = getattr(diffusers, name).from_pretrained(str(folder), processor=load_edit_processor(folder))
     loaded.set_progress_bar_config(disable=True)
     return loaded
 
 
+@pytest.fixture(scope="module", params=list(KINDS))
+def kind(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def pipe(tiny_pipeline):
-    return edit_pipeline(tiny_pipeline("qwen-image-edit"))
+def pipe(tiny_pipeline, kind):
+    return edit_pipeline(tiny_pipeline(kind))
 
 
 @pytest.fixture
 def at_target_size(monkeypatch):
-    """The pipeline's source sizing (~1 MP) set to the target's, as Spotlight sizes a row's source (module doc)."""
-    import diffusers.pipelines.qwenimage.pipeline_qwenimage_edit as module
+    """The pipelines' VAE sizing of the source (~1 MP) set to the target's, as Spotlight sizes it (module doc)."""
+    import diffusers.pipelines.qwenimage.pipeline_qwenimage_edit as edit
+    import diffusers.pipelines.qwenimage.pipeline_qwenimage_edit_plus as plus
 
-    monkeypatch.setattr(module, "calculate_dimensions", lambda area, ratio: (SIZE, SIZE, None))
+    monkeypatch.setattr(edit, "calculate_dimensions", lambda area, ratio: (SIZE, SIZE, None))
+    own = plus.calculate_dimensions  # Edit-2509's text-encoder size (CONDITION_IMAGE_SIZE) stays its own
+    monkeypatch.setattr(plus, "calculate_dimensions",
+                        lambda area, ratio: (SIZE, SIZE) if area == plus.VAE_IMAGE_SIZE else own(area, ratio))
 
 
 def edit_policy(folder: Path, **fields) -> PipelinePolicy:
@@ -99,8 +114,8 @@ def pipeline_call(pipe, source: Path, latents: torch.Tensor, output_type: str = 
     return unpack_latents(out, LATENT, LATENT) if output_type == "latent" else out
 
 
-def test_a_qwen_edit_folder_reads_as_an_edit_pipeline_of_qwen_image(tiny_pipeline) -> None:
-    folder = read_pipeline_folder(tiny_pipeline("qwen-image-edit"))
+def test_a_qwen_edit_folder_reads_as_an_edit_pipeline_of_qwen_image(tiny_pipeline, kind) -> None:
+    folder = read_pipeline_folder(tiny_pipeline(kind))
     assert folder.family == "qwen-image" and folder.edits
     assert folder.index["processor"] == ["transformers", "Qwen2VLProcessor"]  # as transformers' own folder names it
     saved = json.loads((folder.path / "processor" / "processor_config.json").read_text())
@@ -108,11 +123,11 @@ def test_a_qwen_edit_folder_reads_as_an_edit_pipeline_of_qwen_image(tiny_pipelin
     assert not read_pipeline_folder(tiny_pipeline("qwen-image")).edits
 
 
-def test_an_ode_rollout_equals_qwen_edit_pipelines_own_call(tiny_pipeline, pipe, source: Path,
+def test_an_ode_rollout_equals_qwen_edit_pipelines_own_call(tiny_pipeline, kind, pipe, source: Path,
                                                             at_target_size) -> None:
     from PIL import Image
 
-    policy = edit_policy(tiny_pipeline("qwen-image-edit"))
+    policy = edit_policy(tiny_pipeline(kind))
     key = edit_sample_key(INSTRUCTION, source)
     final = spotlight_ode(policy, key, seed=11)
     assert final.shape == (1, 4, LATENT, LATENT)
@@ -128,24 +143,25 @@ def test_an_ode_rollout_equals_qwen_edit_pipelines_own_call(tiny_pipeline, pipe,
     assert (first.embeds - second.embeds).abs().max() > 1e-4  # the text embeddings saw the image
 
 
-def test_decoded_edits_equal_the_pipelines_pt_output(tiny_pipeline, pipe, source: Path, at_target_size) -> None:
-    policy = edit_policy(tiny_pipeline("qwen-image-edit"))
+def test_decoded_edits_equal_the_pipelines_pt_output(tiny_pipeline, kind, pipe, source: Path,
+                                                      at_target_size) -> None:
+    policy = edit_policy(tiny_pipeline(kind))
     images = policy.decode_images(spotlight_ode(policy, edit_sample_key(INSTRUCTION, source), seed=5))
     expected = pipeline_call(pipe, source, initial_latents([5], policy.latent_shape), "pt")
     assert images.shape == (1, 3, SIZE, SIZE)
     torch.testing.assert_close(images, expected, rtol=0, atol=1e-5)
 
 
-def test_an_exported_lora_loads_into_qwen_edit_pipeline_and_changes_its_edit(tiny_pipeline, source: Path,
+def test_an_exported_lora_loads_into_qwen_edit_pipeline_and_changes_its_edit(tiny_pipeline, kind, source: Path,
                                                                              tmp_path: Path, at_target_size) -> None:
-    policy = edit_policy(tiny_pipeline("qwen-image-edit"), lora_rank=2, lora_alpha=4.0)
+    policy = edit_policy(tiny_pipeline(kind), lora_rank=2, lora_alpha=4.0)
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         for parameter in policy.trainable_parameters():
             parameter.normal_(0.0, 0.3)
     policy.save_for_diffusers(tmp_path)
     trained = spotlight_ode(policy, edit_sample_key(INSTRUCTION, source), seed=3)
-    base = edit_pipeline(tiny_pipeline("qwen-image-edit"))
+    base = edit_pipeline(tiny_pipeline(kind))
     latents = initial_latents([3], policy.latent_shape)
     before = pipeline_call(base, source, latents)
     base.load_lora_weights(str(tmp_path))
@@ -154,15 +170,15 @@ def test_an_exported_lora_loads_into_qwen_edit_pipeline_and_changes_its_edit(tin
     torch.testing.assert_close(after, trained, rtol=0, atol=1e-4)
 
 
-def test_make_tiny_pipeline_qwen_image_edit_writes_an_edit_folder(tmp_path: Path) -> None:
+def test_make_tiny_pipeline_qwen_image_edit_writes_an_edit_folder(tmp_path: Path, kind) -> None:
     from typer.testing import CliRunner
 
     from spotlight.cli import app
 
-    result = CliRunner().invoke(app, ["make-tiny-pipeline", "qwen-image-edit", str(tmp_path / "edit")])
+    result = CliRunner().invoke(app, ["make-tiny-pipeline", kind, str(tmp_path / "edit")])
     assert result.exit_code == 0, result.output
     folder = read_pipeline_folder(tmp_path / "edit")
-    assert folder.edits and folder.index["_class_name"] == "QwenImageEditPipeline"
+    assert folder.edits and folder.family == "qwen-image" and folder.index["_class_name"] == KINDS[kind]
 
 
 def test_a_plain_prompt_on_a_qwen_edit_folder_is_one_known_line(tiny_pipeline) -> None:
@@ -170,7 +186,7 @@ def test_a_plain_prompt_on_a_qwen_edit_folder_is_one_known_line(tiny_pipeline) -
     from spotlight.models.editing.condition import EditRowError
 
     policy = edit_policy(tiny_pipeline("qwen-image-edit"))
-    with pytest.raises(EditRowError, match="plain prompt .* QwenImageEditPipeline") as raised:
+    with pytest.raises(EditRowError, match="plain prompt .* Qwen-Image-Edit folder") as raised:
         policy.tokenize(["a red disc"])
     assert is_known(raised.value) and "\n" not in str(raised.value)
 
@@ -193,3 +209,18 @@ def test_the_plan_counts_the_source_images_tokens(tiny_pipeline) -> None:
     with FlopCounterMode(display=False) as meter, torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
         transformer_velocity(transformer, "qwen-image", latents, torch.tensor([0.5]), cond)
     assert counted.flops == pytest.approx(meter.get_total_flops(), rel=0.05)
+
+
+def test_edit_2509_rows_are_encoded_one_at_a_time_as_its_pipeline_takes_them(tiny_pipeline, source: Path) -> None:
+    """Its template numbers the pictures of a call ("Picture 1: ..."): two rows' sources in one call would be
+    read as two pictures of each row. So an Edit-2509 policy encodes a row per call, on any device."""
+    from PIL import Image
+
+    plus, edit = edit_policy(tiny_pipeline("qwen-image-edit-plus")), edit_policy(tiny_pipeline("qwen-image-edit"))
+    assert plus.prompts.encode_batch == 1 and edit.prompts.encode_batch is None  # None: 32 a call on a GPU
+    other = source.with_name("other-2509.png")
+    Image.new("RGB", (SIZE, SIZE), (10, 200, 10)).save(other)
+    keys = [edit_sample_key(INSTRUCTION, path) for path in (source, other)]
+    plus.prompts.encode_batch = 2  # what a GPU's batches would do without the setting
+    with pytest.raises(ValueError, match="number of <\\|image_pad\\|> tokens"):
+        plus.prompts.ids(keys)

@@ -14,10 +14,15 @@ the mode of its distribution, normalised as ``(z - latents_mean) / latents_std``
 here (the rollout's latents are (C, h, w)). Unlike Kontext it also shows the source to its text encoder:
 ``encode_prompt(prompt, image=...)`` takes the same resized PIL image (`text_encoder_images`), so an edit
 row's text embeddings depend on its image; they are cached by the row's key, which names both.
+``QwenImageEditPlusPipeline`` (Qwen-Image-Edit-2509) shows its text encoder the source resized to ~384 x 384
+pixels of the source's own aspect (``CONDITION_IMAGE_SIZE``), whatever the output size, and numbers it
+("Picture 1: ...") in a template that counts the images of the call, so its rows are encoded one at a time
+(``encode_batch`` 1: a batch's images would all be read as pictures of every row).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,7 +30,10 @@ import torch
 
 from spotlight.data.edit_key import SOURCE_MARK, split_sample_key
 
-__all__ = ["ConditionImages", "EditRowError", "split_edit_rows", "text_encoder_images"]
+__all__ = ["ConditionImages", "EditRowError", "area_size", "split_edit_rows", "text_encoder_images"]
+
+
+TEXT_IMAGE_AREA = 384 * 384  # what QwenImageEditPlusPipeline's text encoder sees of a source (CONDITION_IMAGE_SIZE)
 
 
 class EditRowError(ValueError):
@@ -54,17 +62,31 @@ def text_encoder_images(condition: ConditionImages | None, sources: Sequence[str
     if condition is None or not condition.shows_text_encoder:
         return {}
     if any(path is None for path in sources):
-        raise EditRowError("data.dataset: a plain prompt (no \"image\") given to a QwenImageEditPipeline folder, whose "
+        raise EditRowError("data.dataset: a plain prompt (no \"image\") given to a Qwen-Image-Edit folder, whose "
                            "text encoder reads every prompt beside its source image: use an edit dataset (each row "
                            "an instruction and an \"image\")")
-    height, width = condition.resolution
-    return {"image": [condition.processor.resize(condition.load(str(path)), height, width) for path in sources]}
+    if condition.text_image_area is None:
+        height, width = condition.resolution
+        return {"image": [condition.processor.resize(condition.load(str(path)), height, width) for path in sources]}
+    images = [condition.load(str(path)) for path in sources]
+    return {"image": [condition.processor.resize(image, *area_size(condition.text_image_area, *image.size))
+                      for image in images]}
+
+
+def area_size(area: int, width: int, height: int) -> tuple[int, int]:
+    """(height, width) of about ``area`` pixels at ``width / height``'s aspect, each a multiple of 32, as the Qwen
+    edit pipelines' ``calculate_dimensions`` size an image."""
+    ratio = width / height
+    scaled_width = math.sqrt(area * ratio)
+    return round(scaled_width / ratio / 32) * 32, round(scaled_width / 32) * 32
 
 
 class ConditionImages:
     """The condition latents of edit keys at ``resolution`` (H, W), through ``decoder``'s VAE (shared, loaded once).
 
-    ``shows_text_encoder``: the folder's text encoder reads the source image too (Qwen-Image-Edit).
+    ``shows_text_encoder``: the folder's text encoder reads the source image too (Qwen-Image-Edit); at
+    ``text_image_area`` pixels (Qwen-Image-Edit-2509), else at ``resolution``; ``encode_batch``: rows per
+    ``encode_prompt`` call the pipeline takes (None: any).
     """
 
     def __init__(self, decoder: Any, resolution: tuple[int, int], vae_scale_factor: int) -> None:
@@ -75,6 +97,9 @@ class ConditionImages:
         self.processor = VaeImageProcessor(vae_scale_factor=vae_scale_factor * 2)  # as both edit pipelines build it
         self.framed = decoder.folder.family == "qwen-image"  # a video-shaped VAE: one frame, mean/std normalised
         self.shows_text_encoder = self.framed
+        plus = decoder.folder.index.get("_class_name") == "QwenImageEditPlusPipeline"
+        self.text_image_area = TEXT_IMAGE_AREA if plus else None
+        self.encode_batch = 1 if plus else None
 
     @staticmethod
     def split(keys: Sequence[str]) -> tuple[list[str], list[str | None]]:

@@ -1,4 +1,5 @@
-"""A tiny random Qwen-Image-Edit pipeline: the parts `spotlight.models.pipelines.tiny` saves for ``qwen-image-edit``.
+"""A tiny random Qwen-Image-Edit pipeline: the parts `spotlight.models.pipelines.tiny` saves for ``qwen-image-edit``
+(``QwenImageEditPipeline``) and ``qwen-image-edit-plus`` (``QwenImageEditPlusPipeline``, Edit-2509: the same parts).
 
 Qwen-Image's tiny transformer, VAE and scheduler, with a text encoder that sees images: a Qwen2.5-VL whose
 vision tower (one block, 2-pixel patches, no merging) feeds the language model through the processor's

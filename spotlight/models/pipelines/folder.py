@@ -39,13 +39,15 @@ PIPELINE_FAMILIES: dict[str, Family] = {
     "FluxKontextPipeline": "flux",  # FLUX.1 Kontext: FLUX's transformer, conditioned on a source image too
     "QwenImagePipeline": "qwen-image",
     "QwenImageEditPipeline": "qwen-image",  # Qwen-Image-Edit: Qwen-Image's transformer, the source image's tokens too
+    "QwenImageEditPlusPipeline": "qwen-image",  # Qwen-Image-Edit-2509: the same, another prompt template
     "WanPipeline": "wan",
 }
 # the families whose samples are videos: latents (C, f, h, w) of num_frames frames (`PipelineFolder.latent_shape`)
 VIDEO_FAMILIES: frozenset[Family] = frozenset({"wan"})
 # the pipelines whose samples edit a source image (`spotlight.models.editing`): a dataset row is an instruction
 # and its image, and the image's latents join the model input
-EDIT_PIPELINES: frozenset[str] = frozenset({"FluxKontextPipeline", "QwenImageEditPipeline"})
+EDIT_PIPELINES: frozenset[str] = frozenset({"FluxKontextPipeline", "QwenImageEditPipeline",
+                                            "QwenImageEditPlusPipeline"})
 DEFAULT_NUM_FRAMES = 81  # WanPipeline.__call__'s default
 # What the family's pipeline passes to calculate_shift when the scheduler config does not say
 # (SD3's pipeline defaults max_shift to 1.16, FLUX's and Qwen-Image's to 1.15).

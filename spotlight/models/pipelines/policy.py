@@ -79,6 +79,7 @@ class PipelinePolicy(DiffusersPolicy):
 
             prompts.condition = ConditionImages(decoder, config.resolution or folder.default_resolution,
                                                 folder.vae_scale_factor)
+            prompts.encode_batch = prompts.condition.encode_batch  # Qwen-Image-Edit-2509: a row per call
         return cls(transformer, config, folder, prompts, decoder)
 
     # --- what the loop asks of it ----------------------------------------------------------------

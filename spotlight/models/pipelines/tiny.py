@@ -181,9 +181,10 @@ def _wan() -> dict[str, Any]:
 _PARTS = {"sd3": (_sd3, "StableDiffusion3Pipeline"), "flux": (_flux, "FluxPipeline"),
           "qwen-image": (_qwen_image, "QwenImagePipeline"), "wan": (_wan, "WanPipeline"),
           "flux-kontext": (_flux, "FluxKontextPipeline"),  # Kontext: FLUX's parts, saved as the edit pipeline
-          "qwen-image-edit": (_qwen_image_edit, "QwenImageEditPipeline")}  # + an image-seeing text encoder
+          "qwen-image-edit": (_qwen_image_edit, "QwenImageEditPipeline"),  # + an image-seeing text encoder
+          "qwen-image-edit-plus": (_qwen_image_edit, "QwenImageEditPlusPipeline")}
 # what make-tiny-pipeline builds: the families, and the edit pipelines by their own names
-TINY_PIPELINES: tuple[str, ...] = (*FAMILIES, "flux-kontext", "qwen-image-edit")
+TINY_PIPELINES: tuple[str, ...] = (*FAMILIES, "flux-kontext", "qwen-image-edit", "qwen-image-edit-plus")
 
 
 def build_tiny_pipeline(family: Family | str, seed: int = 0) -> Any:
