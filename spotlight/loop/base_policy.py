@@ -20,6 +20,7 @@ from spotlight.models.pipelines.family_config import DiffusersPolicyConfig
 from spotlight.models.pipelines.folder import PipelineFolderError
 from spotlight.models.policy import Policy
 from spotlight.models.rebuild import policy_from_config
+from spotlight.models.spec import check_sp_policy
 from spotlight.schema import ConfigError
 from spotlight.task_presets import get_task
 
@@ -51,17 +52,20 @@ def policy_config(config: TrainConfig) -> DiffusersPolicyConfig | None:
             return None
         task = get_task(config.task)
         return section.diffusers_config(task.name, task.vocab_size, task.image_size)
-    if config.runtime.sp_degree > 1:  # SP device processes rebuild a transformer alone (the model spec, models/spec.py)
-        raise ConfigError(f"runtime.sp_degree={config.runtime.sp_degree}: sequence parallelism serves TinyDiT and "
-                          "the tiny diffusers families, not a pipeline folder yet: set runtime.sp_degree 1")
     try:
-        return section.pipeline_config(config.task, rollout.resolution_hw, rollout.guidance_scale,
-                                       rollout.negative_prompt, config.dtype, rollout.num_frames)
+        description = section.pipeline_config(config.task, rollout.resolution_hw, rollout.guidance_scale,
+                                              rollout.negative_prompt, config.dtype, rollout.num_frames)
     except PipelineFolderError as error:
         raise ConfigError(str(error) if str(error).startswith(("model.", "rollout.")) else
                           f"model.pretrained: {error}") from None
     except ValueError as error:  # a family that contradicts the folder
         raise ConfigError(str(error)) from None
+    if config.runtime.sp_degree > 1:  # the folder's heads and tokens must shard (its spec, models/spec.py)
+        try:
+            check_sp_policy(description, config.runtime.sp_degree)
+        except ValueError as error:
+            raise ConfigError(f"runtime.sp_degree={config.runtime.sp_degree}: {error}") from None
+    return description
 
 
 def build_policy(config: TrainConfig) -> Policy:

@@ -204,14 +204,20 @@ def _pipeline_latent_shape(config: DiffusersPolicyConfig) -> tuple[int, ...]:
     return read_pipeline_folder(config.pretrained or "").latent_shape(_pipeline_resolution(config), config.num_frames)
 
 
+# Pipeline families whose shards the folder alone decides: Wan shards its video tokens only (its text is
+# cross-attended whole). FLUX and Qwen-Image folders shard their prompt tokens too, whose count is the text
+# encoders' (Qwen-Image's varies with the prompt), so they are not served with SP from a folder yet.
+FOLDER_SHARDED_FAMILIES = ("wan",)
+
+
 def _pipeline_check_sp(config: DiffusersPolicyConfig, sp_degree: int) -> None:
-    """The degree divides the folder transformer's heads and its image (a video's: video) tokens; only the
-    families `pipelines.sequence_parallel` shards take a degree over 1. Prompt lengths are the text
-    encoders' and are checked where they are encoded, on the devices."""
+    """The degree divides the folder transformer's heads and its video tokens (latent frames x patches)."""
     check_sp_degree(sp_degree, num_heads=_pipeline_heads(config))
-    if sp_degree > 1 and config.family not in TOKEN_SHARDED_FAMILIES:
-        raise ValueError(f"elastic SP shards the tokens of {', '.join(TOKEN_SHARDED_FAMILIES)} transformers, not "
-                         f"{config.family}: use a folder of one of those, or runtime.sp_degree=1")
+    if sp_degree > 1 and config.family not in FOLDER_SHARDED_FAMILIES:
+        raise ValueError(f"SP over a pipeline folder serves {', '.join(FOLDER_SHARDED_FAMILIES)} folders, not "
+                         f"{config.family} (its prompt tokens are sharded too, and their count is known only once "
+                         f"encoded): use the tiny {config.family} transformer (model.family without "
+                         "model.pretrained), or runtime.sp_degree=1")
     folder = read_pipeline_folder(config.pretrained or "")
     check_sp_degree(sp_degree, num_tokens=folder.image_tokens(_pipeline_resolution(config), config.num_frames))
 
