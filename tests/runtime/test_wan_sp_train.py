@@ -52,3 +52,12 @@ def test_a_degree_the_wan_folder_cannot_shard_is_refused_in_one_line(tiny_pipeli
     # 12 x 12 pixels: 6 x 6 latents, 3 x 3 patches in each of 3 latent frames = 27 video tokens
     with pytest.raises(ConfigError, match=r"^runtime.sp_degree=2: .*does not divide the sequence length 27"):
         policy_config(parse_config(TrainConfig, sp_settings(folder, tmp_path / "d", resolution=12)))
+
+
+def test_an_image_folder_whose_prompt_tokens_would_be_sharded_is_refused_with_sp(tiny_pipeline, tmp_path: Path) -> None:
+    config = settings(tiny_pipeline("flux"), tmp_path / "run", "spotlight")
+    config["runtime"]["sp_degree"] = 2
+    config["rollout"].update(num_frames=None, guidance_scale=1.0)
+    with pytest.raises(ConfigError, match=r"^runtime.sp_degree=2: SP over a pipeline folder serves wan folders, not "
+                                          r"flux .*model.family without model.pretrained"):
+        policy_config(parse_config(TrainConfig, config))
