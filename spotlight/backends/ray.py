@@ -80,7 +80,8 @@ class RayBackend:
         self.validations = 0  # each validation's weights go out under a version of their own (< 0)
         self.top_up: RoundTopUp | None = None  # more candidates for the round beside training, while it runs
         self.budget_s = 0.0  # the last training time (the trainer's budget), as choose_seeds was given it
-        self.scoring_s = 0.0  # the last rollout's scoring time: the round beside training hides behind it too
+        self.lead_s = 0.0  # the last round's time before training started: it hides behind that too
+        self.explore_mark = 0.0  # when this iteration's round opened (or tried to)
         if config.runtime.complete_rounds and view.planner is not None and len(view.planner.arms) != 1:
             raise RunError(f"runtime.complete_rounds needs one planner arm (got {len(view.planner.arms)}): set "
                            "explore.planner's num_candidates and num_steps to one value each")
@@ -106,7 +107,11 @@ class RayBackend:
                 raise RunError("the SP groups did not stop serving after the last round: a spot node hangs")
             with cluster.lock:
                 elastic.set_weights(weights_ref, iteration)
-        cluster.wait(lambda: not cluster.pool.devices(state="loading"), timeout_s=10.0)  # ~10 ms: then they help
+        # ~10 ms: then they help. A device still on the last round's cancelled leases learns of them at its next
+        # heartbeat and takes θ_i then: it is worth waiting for, as its rollout part would be sampled here instead.
+        settled_by = cluster.now() + 2 * cluster.pool.settings.heartbeat_s
+        cluster.wait(lambda: not cluster.pool.devices(state="loading") and (
+            not cluster.pool.devices(state="busy") or cluster.now() > settled_by), timeout_s=10.0)
 
     def choose_seeds(self, iteration: int, prompts: list[str], budget_s: float) -> Exploration:
         """Random seeds, or those of the round that explored P_i (now with θ_i, or during the last training)."""
@@ -148,6 +153,9 @@ class RayBackend:
             helpers = helpers[:num_parts - 1]
             for device, (part_prompts, part_seeds) in zip(helpers, requests[1:], strict=False):
                 cluster.pool.call(device, "rollout", "sample", part_prompts, part_seeds, plan, iteration)
+        early = self.mode is Mode.SPOTLIGHT and self._planner_knows_cost()
+        if early:  # the devices explore once their parts are in, while the trainer samples its own
+            self._explore_next(iteration)
         started = cluster.now()
         trajectories: dict[int, Trajectory | None] = {0: self._sample_here(requests[0])}
         if self.view.planner is not None:  # a measured cost for the first round (then ignored)
@@ -169,32 +177,40 @@ class RayBackend:
                 trajectories[k] = self._sample_here(requests[k])
         ordered = [trajectories[k] for k in range(num_parts)]
         self.marks.rollout_ended = cluster.now()  # sampled; scoring is billed to the rollout too
-        if self.mode is Mode.SPOTLIGHT:
+        if self.mode is Mode.SPOTLIGHT and not early:  # the first round: sized by the trainer's sampling cost
             self._explore_next(iteration)
         return Trajectory(torch.cat([t.latents for t in ordered]), torch.cat([t.log_probs for t in ordered]), 0)
 
     def training_started(self, iteration: int, budget_s: float) -> None:
-        """Bill the scoring (the round beside training opened when the sampling ended, `_explore_next`)."""
+        """Bill the scoring (the round beside training opened during the rollout, `_explore_next`)."""
         cluster = self.cluster
         scored_at = cluster.now()
         cluster.ledger.busy(ON_DEMAND, self.marks.rollout_ended, scored_at, "rollout")
-        self.scoring_s = scored_at - self.marks.rollout_ended
+        self.lead_s = scored_at - self.explore_mark
         self.marks.rollout_ended = scored_at
 
-    def _explore_next(self, iteration: int) -> None:
-        """Spotlight: open the round exploring P_{i+1} with θ_i as soon as the rollout's sampling ends.
+    def _planner_knows_cost(self) -> bool:
+        """Whether the planner can size a round without the trainer's sampling time of this rollout."""
+        planner = self.view.planner
+        return planner is not None and math.isfinite(planner.cost_per_candidate_step(planner.arms[0]))
 
-        θ_i is on the devices already, so they explore while the trainer scores the rollout, then while it
-        trains (opened at training start, the devices waited out the scoring). The planner's budget is what
-        the round hides behind: the last scoring and training times. It chooses before it has seen this
-        rollout's reward variance, which it learns one round later than at training start. An open round is
-        topped up until training ends; if no device was up, the round opens when one comes up (`_open_late`).
+    def _explore_next(self, iteration: int) -> None:
+        """Spotlight: open the round exploring P_{i+1} with θ_i during the rollout, not at training start.
+
+        θ_i is on the devices already, so they explore while the trainer samples its part of the rollout
+        (once the planner knows the cost; the first round waits for the trainer's sampling to size it) and
+        scores it, then while it trains: opened at training start, the devices waited all that out. The
+        planner's budget is what the round hides behind: the last round's lead before training, and the last
+        training time. It chooses before it has seen this rollout's reward variance, which it learns one
+        round later than at training start. An open round is topped up until training ends; if no device was
+        up, the round opens when one comes up (`_open_late`).
         """
         cluster = self.cluster
         self.round_metrics = {}
+        self.explore_mark = cluster.now()
         if iteration + 1 >= self.config.iterations:
             return
-        budget_s = self.budget_s + self.scoring_s
+        budget_s = self.budget_s + self.lead_s
         self.round_metrics = self._open_round(iteration + 1, iteration, budget_s)
         with cluster.lock:
             if cluster.elastic is not None or self.config.runtime.complete_rounds:
