@@ -6,11 +6,12 @@
                vanilla / spot-rollout: random
     rollout    P_i's groups in fixed parts, one per device (on-demand and spot), each sampled by an idle spot
                device holding θ_i or else by the on-demand device; a part lost to a preemption is redone there
-    training   spotlight: AT THE SAME TIME, from the end of the rollout's sampling (θ_i is on the devices
-               already), a round explores P_{i+1} with θ_i through the queue, under the planner's budget
-               (the last scoring and training times), plus a re-score of a few of P_i's candidates with
-               θ_i for the staleness monitor (Kendall τ of stale vs fresh rankings); a round drained
-               before training ends gets more candidates per prompt, the queue kept ahead (`ray_top_up`)
+    training   spotlight: AT THE SAME TIME, and from the rollout on (θ_i is on the devices already: the
+               round opens once their parts are out), a round explores P_{i+1} with θ_i through the queue,
+               under the planner's budget (the last round's lead before training and the last training
+               time), plus a re-score of a few of P_i's candidates with θ_i for the staleness monitor
+               (Kendall τ of stale vs fresh rankings); a round drained before training ends gets more
+               candidates per prompt, the queue kept ahead of the devices (`ray_top_up`)
     validate   the evaluated weights go to every spot device, and validation's chunks are shared between
                the trainer and them (`spotlight.backends.ray_share`); the next start hands out θ_{i+1}
 
@@ -116,7 +117,7 @@ class RayBackend:
     def choose_seeds(self, iteration: int, prompts: list[str], budget_s: float) -> Exploration:
         """Random seeds, or those of the round that explored P_i (now with θ_i, or during the last training)."""
         config, metrics = self.config, {}
-        self.budget_s = budget_s  # the round opened when this rollout's sampling ends hides behind it
+        self.budget_s = budget_s  # the round opened during this rollout hides behind the training it times
         random_seeds = candidate_seeds(config.seed, iteration, len(prompts), config.rollout.group_size)
         if self.mode is Mode.SYNC_EXPLORE:
             metrics.update(self._open_round(iteration, iteration, budget_s))
