@@ -8,11 +8,13 @@ same prompts, plan and weights), so the devices keep exploring P_{i+1}; the roun
 each group's G seeds from every candidate scored. A block is one forward batch's worth of requests.
 
 The queue is kept ahead of the devices: from the first block on, the round's outstanding requests are
-topped up to what its devices can hold (``runtime.worker_capacity`` each) plus one block waiting, so a
-device that finishes its leases pulls the next ones in the same pass and never drains. (Queuing one
-block when the previous had drained left a ~73 ms gap per ~273 ms block: the device's call ended, the
-controller saw it on its next tick, queued the block and called the device again.) The count comes
-from the queue every ``poll_s``; a block waits there long enough that the poll is never late.
+topped up to what its devices can hold (``runtime.worker_capacity`` each) and as much again waiting (at
+least a block), so a device that finishes its leases pulls the next ones in the same pass and never
+drains. (Queuing one block when the previous had drained left a ~73 ms gap per ~273 ms block: the
+device's call ended, the controller saw it on its next tick, queued the block and called the device
+again; on a loaded machine the gaps were 0.3-0.8 s.) The count comes from the queue every ``poll_s``;
+what waits there lasts as long as what the devices hold, so a poll late by a slow tick comes in time.
+Waiting requests cost nothing when training ends: they are cancelled before any device leased them.
 
 When training ends the trainer does not wait for the blocks in flight: the planned candidates were done
 before the first block went out, so the round closes at once and the unfinished blocks are cancelled
@@ -55,7 +57,7 @@ class RoundTopUp:
     ``submit`` queues requests (the queue actor's submit, waited for); ``remaining`` counts the requests of
     the round's weights not done yet (the queue's ``remaining(version)``); ``generator`` continues the
     round's candidate stream; ``sampling`` is its requests' plan. ``ahead``: the requests kept outstanding
-    once topping up (what the devices hold, plus a block waiting), counted every ``poll_s`` of ``clock``.
+    once topping up (what the devices hold, and as much waiting), counted every ``poll_s`` of ``clock``.
     ``open`` is cleared (under the cluster lock) when training ends: no block is added after it.
     """
 
@@ -81,10 +83,11 @@ class RoundTopUp:
               held: int) -> RoundTopUp:
         """A top-up whose blocks fill about one forward batch of the devices (at least one candidate per prompt),
         up to ``limit`` candidates per prompt in all, that keeps ``held`` requests (what the round's devices
-        can hold at once) and one block more outstanding."""
+        can hold at once) outstanding and as many again waiting, at least a block."""
         per_block = max(1, math.ceil(forward_batch / max(1, len(round_.prompts))))
+        held = max(0, held)
         return cls(submit, remaining, round_, generator, sampling, per_block, limit,
-                   ahead=max(0, held) + per_block * len(round_.prompts))
+                   ahead=held + max(held, per_block * len(round_.prompts)))
 
     @property
     def extra_candidates(self) -> int:

@@ -86,7 +86,7 @@ def test_the_queue_stays_ahead_of_the_devices_until_the_limit() -> None:
     top_up = RoundTopUp.sized(queue.submit, lambda: queue.remaining(version), round_, stream,
                               SamplingPlan(num_steps=3), forward_batch=3, limit=limit, held=capacity)
     top_up.clock = lambda: now[0]
-    assert top_up.per_block == 1 and top_up.ahead == capacity + 3
+    assert top_up.per_block == 1 and top_up.ahead == 2 * capacity  # what it holds, and as much waiting
     top_up.feed()
     assert top_up.blocks == 0  # the planned candidates first
     round_.drained = True  # they are done: the device's call ended
@@ -124,7 +124,7 @@ def test_no_block_goes_out_after_training_ends() -> None:
                               forward_batch=3, limit=128, held=8)
     round_.drained = True
     top_up.feed()
-    assert len(submitted) == 1 and len(submitted[0]) == 4 * 3  # whole blocks of 3: the 8 held and one waiting
+    assert len(submitted) == 1 and len(submitted[0]) == 6 * 3  # whole blocks of 3: the 8 held and 8 waiting
     top_up.open = False  # training ended: the queue is empty now, and stays so
     top_up.next_poll = 0.0
     top_up.feed()
