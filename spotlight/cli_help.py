@@ -60,5 +60,5 @@ TRAIN_DEFAULT_RUN = (
     "HTML report. Details (Ray's own output, warnings, an unexpected error's traceback) go to RUN_DIR/spotlight.log."
 )
 TASK_HELP = choices(get_args(TaskName))
-# make-tiny-pipeline also builds the edit pipelines
-FAMILY_HELP = choices([*get_args(Family), "flux-kontext", "qwen-image-edit", "qwen-image-edit-plus"])
+# make-tiny-pipeline also builds the edit pipelines and Wan2.2's two experts (wan22)
+FAMILY_HELP = choices([*get_args(Family), "flux-kontext", "qwen-image-edit", "qwen-image-edit-plus", "wan22"])

@@ -39,7 +39,7 @@ from spotlight.diffusion.sampler import SamplingPlan, sample
 from spotlight.models.pipelines.adapter import ARCHITECTURE as DIFFUSERS_ARCHITECTURE
 from spotlight.models.pipelines.adapter import DiffusersPolicy
 from spotlight.models.pipelines.family_config import TINY_CONFIGS, DiffusersPolicyConfig
-from spotlight.models.pipelines.folder import read_pipeline_folder
+from spotlight.models.pipelines.folder import PipelineFolderError, read_pipeline_folder
 from spotlight.models.pipelines.inputs import channels_of
 from spotlight.models.pipelines.policy import PipelinePolicy
 from spotlight.models.pipelines.sequence_parallel import TOKEN_SHARDED_FAMILIES, sequence_parallel
@@ -48,6 +48,7 @@ from spotlight.models.tinydit import ARCHITECTURE as TINYDIT_ARCHITECTURE
 from spotlight.models.tinydit import TinyDiT, TinyDiTConfig
 from spotlight.models.tinydit_sp import model_on_weights, sequence_parallel_step
 from spotlight.models.ulysses import check_sp_degree
+from spotlight.models.video.two_experts_policy import TwoExpertsPolicy
 
 __all__ = ["ModelConfig", "ModelSpec", "PolicyCache", "attention_heads", "check_sp_policy", "config_from_description",
            "latent_shape_of", "policy_on_weights", "prepare_policy", "sp_denoise_step", "spec_of", "warm_up"]
@@ -227,11 +228,24 @@ PRETRAINED = _diffusers_spec("pretrained", DiffusersPolicy.from_config)
 PIPELINE = replace(_diffusers_spec("pipeline", PipelinePolicy.from_config), attention_heads=_pipeline_heads,
                    latent_shape=_pipeline_latent_shape, check_sp=_pipeline_check_sp)
 
+# a Wan2.2 A14B folder: both experts, the pipeline's switch between them (spotlight.models.video.two_experts_policy)
+TWO_EXPERTS_PIPELINE = replace(PIPELINE, kind="pipeline-two-experts", build=TwoExpertsPolicy.from_config)
+
+
+def _has_two_experts(config: DiffusersPolicyConfig) -> bool:
+    """Whether the folder holds two experts; a folder that cannot be read is the plain pipeline kind's to refuse."""
+    try:
+        return read_pipeline_folder(config.pretrained or "").boundary_ratio is not None
+    except PipelineFolderError:
+        return False
+
 
 def spec_of(config: ModelConfig | Mapping[str, Any]) -> ModelSpec:
     """The spec of the kind ``config`` describes (a plain mapping is a TinyDiT config): the one kind branch."""
     if isinstance(config, DiffusersPolicyConfig):
-        return PIPELINE if config.pipeline else TINY_DIFFUSERS if config.tiny else PRETRAINED
+        if config.pipeline:
+            return TWO_EXPERTS_PIPELINE if _has_two_experts(config) else PIPELINE
+        return TINY_DIFFUSERS if config.tiny else PRETRAINED
     return TINYDIT
 
 

@@ -131,7 +131,8 @@ def test_the_memory_estimate_counts_every_latent_frames_tokens(tiny_pipeline) ->
     assert estimate(9) > estimate(5) > estimate(1)  # 5, 3 and 1 latent frames of 16 x 16
 
 
-def test_a_wan22_folder_with_two_experts_is_refused_in_one_line(tmp_path: Path) -> None:
+def test_a_wan22_folder_without_its_second_experts_config_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Two-expert folders are read (tests/models/test_wan22_experts.py); one listing a transformer_2 it lacks is not."""
     import json
     import shutil
 
@@ -140,5 +141,5 @@ def test_a_wan22_folder_with_two_experts_is_refused_in_one_line(tmp_path: Path) 
     index = json.loads((tmp_path / "wan22" / "model_index.json").read_text())
     index.update(transformer_2=["diffusers", "WanTransformer3DModel"], boundary_ratio=0.875)
     (tmp_path / "wan22" / "model_index.json").write_text(json.dumps(index))
-    with pytest.raises(PipelineFolderError, match="Wan2.2 pipeline .* pass a Wan2.1 text-to-video folder"):
+    with pytest.raises(PipelineFolderError, match="has no transformer_2/config.json .*: pass a complete diffusers"):
         read_pipeline_folder(tmp_path / "wan22")

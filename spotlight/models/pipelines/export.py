@@ -34,8 +34,10 @@ LORA_LOADERS: dict[Family, str] = {"sd3": "SD3LoraLoaderMixin", "flux": "FluxLor
                                    "qwen-image": "QwenImageLoraLoaderMixin", "wan": "WanLoraLoaderMixin"}
 
 
-def save_diffusers_lora(transformer: ModelMixin, family: Family, adapter_name: str, directory: str | Path) -> Path:
-    """Write ``directory/pytorch_lora_weights.safetensors`` for ``adapter_name`` of ``transformer``; returns its path.
+def save_diffusers_lora(transformer: ModelMixin, family: Family, adapter_name: str, directory: str | Path,
+                       weight_name: str = DIFFUSERS_LORA_FILE) -> Path:
+    """Write ``directory/<weight_name>`` (``pytorch_lora_weights.safetensors``) for ``adapter_name`` of
+    ``transformer``; returns its path.
 
     Written under a temporary name and renamed, so a reader never sees half a file.
     """
@@ -48,23 +50,24 @@ def save_diffusers_lora(transformer: ModelMixin, family: Family, adapter_name: s
               for name, tensor in get_peft_model_state_dict(transformer, adapter_name=adapter_name).items()}
     adapter_config = transformer.peft_config[adapter_name].to_dict()
     adapter_config["target_modules"] = sorted(adapter_config["target_modules"])  # a set is not JSON
-    staging = f".{DIFFUSERS_LORA_FILE}.partial"
+    staging = f".{weight_name}.partial"
     getattr(lora_pipeline, LORA_LOADERS[family]).save_lora_weights(
         directory, transformer_lora_layers=layers, weight_name=staging,
         transformer_lora_adapter_metadata=adapter_config)
-    final = directory / DIFFUSERS_LORA_FILE
+    final = directory / weight_name
     os.replace(directory / staging, final)
     return final
 
 
-def save_transformer_folder(transformer: ModelMixin, directory: str | Path) -> Path:
-    """Write ``directory/transformer/`` with ``save_pretrained`` (a fully fine-tuned transformer); returns it.
+def save_transformer_folder(transformer: ModelMixin, directory: str | Path, name: str = TRANSFORMER_FOLDER) -> Path:
+    """Write ``directory/<name>/`` (``transformer/``) with ``save_pretrained`` (a fully fine-tuned transformer);
+    returns it.
 
     The folder is written beside its final place and renamed in, so an older one is replaced whole.
     """
-    final = Path(directory) / TRANSFORMER_FOLDER
+    final = Path(directory) / name
     final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{TRANSFORMER_FOLDER}-", dir=final.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=final.parent))
     try:
         transformer.save_pretrained(str(staging))
         if final.exists():

@@ -104,6 +104,18 @@ class PipelineFolder:
         return entry[0], entry[1]
 
     @property
+    def boundary_ratio(self) -> float | None:
+        """Wan2.2 A14B's expert switch: ``transformer`` denoises t >= ratio x num_train_timesteps, ``transformer_2``
+        below (None: one transformer, Wan2.1 and every image family)."""
+        ratio = self.index.get("boundary_ratio")
+        return float(ratio) if "transformer_2" in self.components and ratio is not None else None
+
+    @property
+    def experts(self) -> tuple[str, ...]:
+        """The folder's transformers, high-noise first: ``("transformer", "transformer_2")`` for Wan2.2 A14B."""
+        return ("transformer", "transformer_2") if self.boundary_ratio is not None else ("transformer",)
+
+    @property
     def vae_scale_factor(self) -> int:
         """Pixels per latent cell, as the family's pipeline computes it from the VAE config."""
         if self.family == "qwen-image":
@@ -316,9 +328,10 @@ def _read(folder: Path) -> PipelineFolder:
         if needed not in components:
             raise PipelineFolderError(f"{folder}/model_index.json lists no {needed}: Spotlight needs the pipeline's "
                                       f"transformer, vae, text encoders and scheduler; pass the full pipeline folder")
-    if "transformer_2" in components or index.get("expand_timesteps"):  # Wan2.2 A14B's experts, TI2V-5B's timesteps
-        raise PipelineFolderError(f"{folder} is a Wan2.2 pipeline (transformer_2 / expand_timesteps), which Spotlight "
-                                  f"does not post-train yet: pass a Wan2.1 text-to-video folder")
+    if index.get("expand_timesteps"):  # Wan2.2 TI2V-5B's per-token timesteps
+        raise PipelineFolderError(f"{folder} is a Wan2.2 TI2V pipeline (expand_timesteps), which Spotlight does not "
+                                  f"post-train yet: pass a Wan2.1 or Wan2.2 A14B text-to-video folder")
+    _check_experts(folder, index, components)
     def config(part: str, file: str, what: str) -> dict[str, Any]:
         """``part``'s config as its class reads it: the keys it omits are the class's defaults (folder_defaults)."""
         entry = index.get(part)
@@ -332,6 +345,27 @@ def _read(folder: Path) -> PipelineFolder:
         scheduler=config("scheduler", "scheduler_config.json", "the scheduler's config"),
         index=index,
     )
+
+
+def _check_experts(folder: Path, index: dict[str, Any], components: tuple[str, ...]) -> None:
+    """A Wan2.2 A14B folder's two experts: ``transformer_2`` and ``boundary_ratio`` come together, the ratio in
+    (0, 1), and both experts share one architecture (what the plan and the memory estimate count twice)."""
+    ratio, second = index.get("boundary_ratio"), "transformer_2" in components
+    if second != (ratio is not None):
+        raise PipelineFolderError(f"{folder}/model_index.json has {'transformer_2' if second else 'boundary_ratio'} "
+                                  f"without {'boundary_ratio' if second else 'transformer_2'}: a two-expert Wan2.2 "
+                                  f"folder needs both (as WanPipeline.save_pretrained writes them)")
+    if not second:
+        return
+    if not isinstance(ratio, int | float) or not 0 < ratio < 1:
+        raise PipelineFolderError(f"{folder}/model_index.json gives boundary_ratio {ratio!r}: write a number in "
+                                  f"(0, 1), the share of timesteps the high-noise transformer takes (0.875 for A14B)")
+    first, other = (_read_json(folder / part / "config.json", folder, f"the {part} config")
+                    for part in ("transformer", "transformer_2"))
+    ignored = ("_name_or_path", "_diffusers_version")
+    if {k: v for k, v in first.items() if k not in ignored} != {k: v for k, v in other.items() if k not in ignored}:
+        raise PipelineFolderError(f"{folder}/transformer_2/config.json differs from transformer/config.json: "
+                                  f"Spotlight trains two-expert folders whose experts share one architecture")
 
 
 def read_pipeline_folder(path: str | Path) -> PipelineFolder:

@@ -154,11 +154,14 @@ def model_sizes(folder: str | Path, targets: Iterable[str], rank: int) -> ModelS
     targeted = _targeted(transformer_shapes, targets)
     vae_config = pipeline.vae
     vae_channels = int(vae_config.get("base_dim") or (vae_config.get("block_out_channels") or [0])[0])
-    return ModelSizes(transformer=_count(transformer_shapes), text_encoders=text,
+    # Wan2.2 A14B's two experts share one architecture: both are held (and adapted), one runs per forward
+    experts = len(pipeline.experts)
+    return ModelSizes(transformer=experts * _count(transformer_shapes), text_encoders=text,
                       vae=_count(safetensors_shapes(folder / "vae")),
-                      lora=lora_parameter_count(transformer_shapes, targets, rank), blocks=blocks, hidden=hidden,
-                      lora_inputs=lora_input_features(transformer_shapes, targets),
-                      lora_weights=sum(out * inp for out, inp in targeted.values()), vae_channels=vae_channels)
+                      lora=experts * lora_parameter_count(transformer_shapes, targets, rank), blocks=blocks,
+                      hidden=hidden, lora_inputs=lora_input_features(transformer_shapes, targets),
+                      lora_weights=experts * sum(out * inp for out, inp in targeted.values()),
+                      vae_channels=vae_channels)
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,7 @@ class PipelinePolicy(DiffusersPolicy):
                              f"{folder.family}")
         folder.latent_shape(config.resolution or folder.default_resolution, config.num_frames)  # fails before loading
         dtype = torch.float32 if config.finetune == "full" else config.torch_dtype
-        transformer = load_transformer(config.family, str(folder.path), dtype)
+        transformer = cls.load_transformer(folder, dtype)
         prompts = PromptCache(folder, config.torch_dtype, config.max_sequence_length)
         decoder = LatentDecoder(folder, config.torch_dtype)
         if folder.edits:  # each row's source image encoded once, beside its instruction (spotlight.models.editing)
@@ -81,6 +81,14 @@ class PipelinePolicy(DiffusersPolicy):
                                                 folder.vae_scale_factor)
             prompts.encode_batch = prompts.condition.encode_batch  # Qwen-Image-Edit-2509: a row per call
         return cls(transformer, config, folder, prompts, decoder)
+
+    @classmethod
+    def load_transformer(cls, folder: PipelineFolder, dtype: torch.dtype) -> torch.nn.Module:
+        """The folder's trained module: its ``transformer/`` (a two-expert folder's policy loads both experts)."""
+        if folder.boundary_ratio is not None:
+            raise ValueError(f"{folder.path} holds two experts (transformer_2): build its policy with "
+                             "spotlight.models.rebuild.policy_from_config, which loads both")
+        return load_transformer(folder.family, str(folder.path), dtype)
 
     # --- what the loop asks of it ----------------------------------------------------------------
 

@@ -178,13 +178,20 @@ def _wan() -> dict[str, Any]:
     return tiny_wan_parts(character_tokenizer(512, False), _vocab_size())
 
 
+def _wan22() -> dict[str, Any]:
+    from spotlight.models.video.tiny_wan import tiny_wan22_parts
+
+    return tiny_wan22_parts(character_tokenizer(512, False), _vocab_size())
+
+
 _PARTS = {"sd3": (_sd3, "StableDiffusion3Pipeline"), "flux": (_flux, "FluxPipeline"),
           "qwen-image": (_qwen_image, "QwenImagePipeline"), "wan": (_wan, "WanPipeline"),
           "flux-kontext": (_flux, "FluxKontextPipeline"),  # Kontext: FLUX's parts, saved as the edit pipeline
           "qwen-image-edit": (_qwen_image_edit, "QwenImageEditPipeline"),  # + an image-seeing text encoder
-          "qwen-image-edit-plus": (_qwen_image_edit, "QwenImageEditPlusPipeline")}
-# what make-tiny-pipeline builds: the families, and the edit pipelines by their own names
-TINY_PIPELINES: tuple[str, ...] = (*FAMILIES, "flux-kontext", "qwen-image-edit", "qwen-image-edit-plus")
+          "qwen-image-edit-plus": (_qwen_image_edit, "QwenImageEditPlusPipeline"),
+          "wan22": (_wan22, "WanPipeline")}  # Wan2.2 A14B: two experts and boundary_ratio
+# what make-tiny-pipeline builds: the families, the edit pipelines and Wan2.2's two experts by their own names
+TINY_PIPELINES: tuple[str, ...] = (*FAMILIES, "flux-kontext", "qwen-image-edit", "qwen-image-edit-plus", "wan22")
 
 
 def build_tiny_pipeline(family: Family | str, seed: int = 0) -> Any:

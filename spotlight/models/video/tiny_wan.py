@@ -1,4 +1,5 @@
-"""A tiny random Wan2.1 text-to-video pipeline: the parts `spotlight.models.pipelines.tiny` saves for ``wan``.
+"""Tiny random Wan text-to-video pipelines: the parts `spotlight.models.pipelines.tiny` saves for ``wan`` (Wan2.1)
+and ``wan22`` (Wan2.2 A14B's two experts, ``transformer_2`` and ``boundary_ratio``).
 
 Every part is Wan's real class (``WanTransformer3DModel``, ``AutoencoderKLWan``, ``UMT5EncoderModel``), a
 few channels wide. The VAE has two resolution levels and one temporal downsample, so its scale factors
@@ -15,7 +16,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["tiny_wan_parts", "umt5_encoder"]
+__all__ = ["TINY_BOUNDARY_RATIO", "tiny_wan22_parts", "tiny_wan_parts", "umt5_encoder"]
+
+TINY_BOUNDARY_RATIO = 0.875  # Wan2.2 T2V-A14B's model_index.json value
 
 TEXT_WIDTH = 32
 
@@ -32,7 +35,7 @@ def umt5_encoder(width: int, vocab_size: int, layers: int = 2) -> Any:
 
 def tiny_wan_parts(tokenizer: Any, vocab_size: int) -> dict[str, Any]:
     """The components of a tiny ``WanPipeline`` (random weights from torch's current RNG)."""
-    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanTransformer3DModel
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler
 
     z_dim = 4
     generator = torch.Generator().manual_seed(0)
@@ -41,9 +44,22 @@ def tiny_wan_parts(tokenizer: Any, vocab_size: int) -> dict[str, Any]:
     vae = AutoencoderKLWan(base_dim=8, z_dim=z_dim, dim_mult=[1, 2], num_res_blocks=1, temperal_downsample=[True],
                            latents_mean=latents_mean, latents_std=latents_std, scale_factor_spatial=2,
                            scale_factor_temporal=2)
-    transformer = WanTransformer3DModel(
+    return dict(transformer=_tiny_transformer(z_dim), vae=vae, text_encoder=umt5_encoder(TEXT_WIDTH, vocab_size),
+                tokenizer=tokenizer, scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0))
+
+
+def _tiny_transformer(z_dim: int) -> Any:
+    from diffusers import WanTransformer3DModel
+
+    return WanTransformer3DModel(
         patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=z_dim, out_channels=z_dim,
         text_dim=TEXT_WIDTH, freq_dim=16, ffn_dim=32, num_layers=2, cross_attn_norm=True,
         qk_norm="rms_norm_across_heads", rope_max_seq_len=32)
-    return dict(transformer=transformer, vae=vae, text_encoder=umt5_encoder(TEXT_WIDTH, vocab_size),
-                tokenizer=tokenizer, scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0))
+
+
+def tiny_wan22_parts(tokenizer: Any, vocab_size: int) -> dict[str, Any]:
+    """A tiny two-expert Wan2.2 (A14B layout): Wan2.1's parts plus a second, independently drawn transformer
+    (``transformer_2``, the low-noise expert) and A14B's ``boundary_ratio``."""
+    parts = tiny_wan_parts(tokenizer, vocab_size)
+    return {**parts, "transformer_2": _tiny_transformer(parts["transformer"].config.in_channels),
+            "boundary_ratio": TINY_BOUNDARY_RATIO}

@@ -97,8 +97,22 @@ def wan_sequence_parallel(transformer: nn.Module, group: ProcessGroup | None) ->
     """Inside the block, ``transformer``'s calls run with their video tokens sharded over ``group`` (module docstring).
 
     Every rank must make the same calls with the same inputs; each gets the whole output. On exit
-    the attention processors are restored and the hooks removed.
+    the attention processors are restored and the hooks removed. Wan2.2's two experts
+    (`spotlight.models.video.experts`) are hooked each: every rank routes the same rows to the same expert.
     """
+    experts = getattr(transformer, "experts", None)
+    if isinstance(experts, nn.ModuleList):
+        with contextlib.ExitStack() as stack:
+            for expert in experts:
+                stack.enter_context(_one_transformer(expert, group))
+            yield
+        return
+    with _one_transformer(transformer, group):
+        yield
+
+
+@contextlib.contextmanager
+def _one_transformer(transformer: nn.Module, group: ProcessGroup | None) -> Iterator[None]:
     rank = 0 if group is None else dist.get_rank(group)
     world = 1 if group is None else dist.get_world_size(group)
     check_sp_degree(world, num_heads=int(transformer.config.num_attention_heads))

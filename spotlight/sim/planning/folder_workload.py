@@ -294,12 +294,15 @@ def derive_workload(config: RunFields, device: DeviceProfile, prompt_tokens: int
     text = sum(part_parameters(folder, part) for part in folder.components if part.startswith("text_encoder"))
     vae = part_parameters(folder, "vae")
     vae_channels = int(folder.vae.get("base_dim") or (folder.vae.get("block_out_channels") or [0])[0])
-    sizes = ModelSizes(transformer=count.parameters, text_encoders=text, vae=vae, lora=count.lora_parameters,
-                       blocks=blocks, hidden=hidden, lora_inputs=count.lora_inputs, lora_weights=count.lora_weights,
-                       vae_channels=vae_channels)
+    # Wan2.2 A14B's experts share one architecture: a forward runs one (its FLOPs), the run holds and trains both
+    experts = len(folder.experts)
+    parameters, lora_parameters = experts * count.parameters, experts * count.lora_parameters
+    sizes = ModelSizes(transformer=parameters, text_encoders=text, vae=vae, lora=lora_parameters,
+                       blocks=blocks, hidden=hidden, lora_inputs=count.lora_inputs,
+                       lora_weights=experts * count.lora_weights, vae_channels=vae_channels)
     memory, micro = _fit(config, count, sizes, resolution[0] * resolution[1], device)
     rows = training_rows(config, None)
-    trainable = count.parameters if config.model.finetune == "full" else count.lora_parameters
+    trainable = parameters if config.model.finetune == "full" else lora_parameters
     return FolderWorkload(
         folder=folder.path, family=folder.family, resolution=tuple(resolution),
         vae_scale_factor=folder.vae_scale_factor, image_tokens=count.image_tokens,
@@ -307,6 +310,6 @@ def derive_workload(config: RunFields, device: DeviceProfile, prompt_tokens: int
         guidance_forwards=2 if guided else 1,
         rollout_forwards_per_image=config.rollout.num_steps * (2 if guided else 1),
         update_passes=passes, update_flops_per_sample=update_flops, optimizer_steps=_optimizer_steps(config),
-        parameters=count.parameters, trainable_parameters=trainable, text_encoder_parameters=text,
+        parameters=parameters, trainable_parameters=trainable, text_encoder_parameters=text,
         vae_parameters=vae, blocks=blocks, hidden=hidden, heads=heads, memory=memory, micro_batch=micro,
         minibatch_rows=rows)

@@ -76,7 +76,7 @@ def test_shipped_configs_count_what_the_meta_device_counts(name: str, finetune: 
     _assert_equal(folder, resolution, text_tokens(folder, None, 32), lora, frames, names=finetune == "lora")
 
 
-@pytest.mark.parametrize("family", ["sd3", "flux", "flux-kontext", "qwen-image", "qwen-image-edit", "wan"])
+@pytest.mark.parametrize("family", ["sd3", "flux", "flux-kontext", "qwen-image", "qwen-image-edit", "wan", "wan22"])
 def test_tiny_pipelines_count_what_the_meta_device_counts(family: str, tiny_pipeline) -> None:
     folder = read_pipeline_folder(tiny_pipeline(family))
     frames = 5 if folder.is_video else None

@@ -1,0 +1,206 @@
+"""Wan2.2 A14B's two experts (issue 45): a tiny two-expert ``WanPipeline`` folder against the pipeline itself.
+
+The tiny ``wan22`` folder (`spotlight make-tiny-pipeline wan22`) holds Wan2.1's tiny parts, a second random
+transformer (``transformer_2``) and A14B's ``boundary_ratio`` 0.875. Four steps of its schedule are timesteps
+1000, 858, 602 and 9: the first is the high-noise expert's, the rest the low-noise one's, so an ODE rollout
+equals ``WanPipeline.__call__`` only when the policy switches experts where the pipeline does. A LoRA
+Spotlight exports for both experts loads with the pipeline's own ``load_lora_weights``; the memory estimate
+and ``spotlight plan`` hold both experts.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from spotlight.cli import app
+from spotlight.diffusion.noise import initial_latents
+from spotlight.diffusion.sampler import SamplingPlan, sample
+from spotlight.models.pipelines.family_config import DiffusersPolicyConfig
+from spotlight.models.pipelines.folder import PipelineFolderError, read_pipeline_folder
+from spotlight.models.rebuild import policy_from_config
+from spotlight.models.video.experts import high_noise_rows
+from spotlight.models.video.two_experts_policy import LOW_NOISE_LORA_FILE, TwoExpertsPolicy
+
+PROMPT = "a red ball rolls left"
+NEGATIVE = "blurry"
+STEPS = 4
+FRAMES = 5
+LENGTH = 48
+
+
+def config_of(folder: Path, guidance_scale: float = 1.0, **fields) -> DiffusersPolicyConfig:
+    return DiffusersPolicyConfig(family="wan", pretrained=str(folder), pipeline=True, resolution=(32, 32),
+                                 num_frames=FRAMES, dtype="float32", guidance_scale=guidance_scale,
+                                 negative_prompt=NEGATIVE, max_sequence_length=LENGTH, **fields)
+
+
+def experts_policy(folder: Path, guidance_scale: float = 1.0, **fields) -> TwoExpertsPolicy:
+    policy = policy_from_config(config_of(folder, guidance_scale, **fields))
+    assert isinstance(policy, TwoExpertsPolicy)
+    return policy.eval()
+
+
+def plan_of(policy: TwoExpertsPolicy) -> SamplingPlan:
+    schedule = policy.schedule()
+    return SamplingPlan(num_steps=STEPS, shift=schedule.shift, sampler="ode", grid_end=schedule.grid_end,
+                        shift_terminal=schedule.shift_terminal)
+
+
+def spotlight_ode(policy: TwoExpertsPolicy, seed: int) -> torch.Tensor:
+    tokens = policy.tokenize([PROMPT])
+    return sample(lambda x, sigma: policy(x, sigma, tokens), [seed], plan_of(policy), policy.latent_shape).final
+
+
+def pipeline_call(pipe, latents: torch.Tensor, guidance_scale: float) -> torch.Tensor:
+    return pipe(PROMPT, negative_prompt=NEGATIVE, latents=latents, guidance_scale=guidance_scale, height=32, width=32,
+                num_frames=FRAMES, num_inference_steps=STEPS, max_sequence_length=LENGTH,
+                output_type="latent").frames
+
+
+@pytest.fixture(scope="module")
+def folder(tiny_pipeline) -> Path:
+    return tiny_pipeline("wan22")
+
+
+@pytest.fixture(scope="module")
+def pipe(folder: Path):
+    import diffusers
+
+    loaded = diffusers.WanPipeline.from_pretrained(str(folder))
+    loaded.set_progress_bar_config(disable=True)
+    assert loaded.transformer_2 is not None and loaded.config.boundary_ratio == 0.875
+    return loaded
+
+
+def test_a_wan22_folder_reads_its_two_experts(folder: Path, tiny_pipeline) -> None:
+    pipeline = read_pipeline_folder(folder)
+    assert pipeline.experts == ("transformer", "transformer_2") and pipeline.boundary_ratio == 0.875
+    single = read_pipeline_folder(tiny_pipeline("wan"))
+    assert single.experts == ("transformer",) and single.boundary_ratio is None
+
+
+def test_an_ode_rollout_equals_wan_pipelines_two_expert_call(folder: Path, pipe) -> None:
+    guidance_scale = 3.0  # WanPipeline's guidance_scale_2 left unset: the same scale for both experts
+    policy = experts_policy(folder, guidance_scale)
+    sigmas = plan_of(policy).sigmas()[:-1].float()
+    assert high_noise_rows(sigmas, 0.875).tolist() == [True, False, False, False]  # both experts denoise
+    latents = initial_latents([11], policy.latent_shape)
+    expected = pipeline_call(pipe, latents, guidance_scale)
+    final = spotlight_ode(policy, seed=11)
+    assert final.abs().max() > 0.5
+    torch.testing.assert_close(final, expected, rtol=0, atol=1e-5)
+    # the same rollout with the switch elsewhere (step 3's timestep 602 to the high-noise expert) is far off
+    policy.experts.boundary_ratio = 0.5
+    assert (spotlight_ode(policy, seed=11) - expected).abs().max() > 1e-2
+
+
+def test_a_batch_straddling_the_boundary_runs_each_row_on_its_expert(folder: Path) -> None:
+    """NFT draws a noise level per row: a batch mixes the experts, each row as if it were alone."""
+    policy = experts_policy(folder, 2.0)
+    tokens = policy.tokenize([PROMPT, "a blue cube"])
+    latents = torch.randn(2, *policy.latent_shape, generator=torch.Generator().manual_seed(0))
+    sigma = torch.tensor([0.95, 0.3])
+    with torch.no_grad():
+        together = policy(latents, sigma, tokens)
+        alone = torch.cat([policy(latents[i:i + 1], sigma[i:i + 1], tokens[i:i + 1]) for i in range(2)])
+        policy.experts.boundary_ratio = 0.2  # row 1 to the high-noise expert: another velocity
+        moved = policy(latents, sigma, tokens)
+    torch.testing.assert_close(together, alone, rtol=0, atol=1e-5)
+    torch.testing.assert_close(moved[0], together[0], rtol=0, atol=1e-5)
+    assert (moved[1] - together[1]).abs().max() > 1e-2
+
+
+def test_the_exported_lora_of_both_experts_loads_into_wan_pipeline(folder: Path, tmp_path: Path) -> None:
+    import diffusers
+
+    policy = experts_policy(folder, lora_rank=2, lora_alpha=4.0)
+    names = policy.lora_state_dict().keys()
+    assert any(n.startswith("experts.0.") for n in names) and any(n.startswith("experts.1.") for n in names)
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        for parameter in policy.trainable_parameters():
+            parameter.normal_(0.0, 0.3)
+    policy.save_for_diffusers(tmp_path)
+    trained = spotlight_ode(policy, seed=3)
+    base = diffusers.WanPipeline.from_pretrained(str(folder))
+    base.set_progress_bar_config(disable=True)
+    latents = initial_latents([3], policy.latent_shape)
+    before = pipeline_call(base, latents, 1.0)
+    base.load_lora_weights(str(tmp_path))
+    high_only = pipeline_call(base, latents, 1.0)
+    base.load_lora_weights(str(tmp_path), weight_name=LOW_NOISE_LORA_FILE, load_into_transformer_2=True)
+    after = pipeline_call(base, latents, 1.0)
+    assert (high_only - before).abs().max() > 1e-2 and (after - high_only).abs().max() > 1e-2  # each file counts
+    torch.testing.assert_close(after, trained, rtol=0, atol=1e-4)
+
+
+def test_make_tiny_pipeline_wan22_writes_a_two_expert_folder(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["make-tiny-pipeline", "wan22", str(tmp_path / "wan22")])
+    assert result.exit_code == 0, result.output
+    assert read_pipeline_folder(tmp_path / "wan22").experts == ("transformer", "transformer_2")
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    ({"boundary_ratio": None}, "transformer_2 without boundary_ratio"),
+    ({"boundary_ratio": 1.5}, "boundary_ratio 1.5: write a number in \\(0, 1\\)"),
+    ({"transformer_2": [None, None]}, "boundary_ratio without transformer_2"),
+    ({"expand_timesteps": True}, "TI2V pipeline \\(expand_timesteps\\)"),
+])
+def test_a_malformed_two_expert_folder_is_refused_in_one_line(change: dict, match: str, folder: Path,
+                                                             tmp_path: Path) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("*.safetensors"))
+    index = json.loads((copy / "model_index.json").read_text())
+    index.update(change)
+    (copy / "model_index.json").write_text(json.dumps(index))
+    with pytest.raises(PipelineFolderError, match=match):
+        read_pipeline_folder(copy)
+
+
+def test_experts_of_two_architectures_are_refused(folder: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("*.safetensors"))
+    config = json.loads((copy / "transformer_2" / "config.json").read_text())
+    (copy / "transformer_2" / "config.json").write_text(json.dumps({**config, "num_layers": 3}))
+    with pytest.raises(PipelineFolderError, match="transformer_2/config.json differs"):
+        read_pipeline_folder(copy)
+
+
+def test_the_memory_estimate_and_plan_hold_both_experts(folder: Path, tiny_pipeline) -> None:
+    from spotlight.models.pipelines.memory_estimate import model_sizes
+
+    one, two = (model_sizes(path, ("attn1.to_q",), 2) for path in (tiny_pipeline("wan"), folder))
+    assert (two.transformer, two.lora, two.lora_weights) == (2 * one.transformer, 2 * one.lora, 2 * one.lora_weights)
+    assert (two.blocks, two.hidden, two.lora_inputs) == (one.blocks, one.hidden, one.lora_inputs)  # one runs
+
+    def workload(path: Path) -> dict:
+        result = CliRunner().invoke(app, ["plan", "1", "--json", "-s", f"model.pretrained={path}",
+                                          "-s", "rollout.resolution=[32,32]", "-s", f"rollout.num_frames={FRAMES}"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output[result.output.index("{"):])["workload"]
+
+    single, double = workload(tiny_pipeline("wan")), workload(folder)
+    assert double["parameters"] == 2 * single["parameters"] > 0
+    assert double["trainable_parameters"] == 2 * single["trainable_parameters"] > 0
+    assert double["tflop_per_forward"] == single["tflop_per_forward"]  # a forward runs one expert
+
+
+def test_a_fully_fine_tuned_policy_exports_both_experts_as_transformer_folders(folder: Path, tmp_path: Path) -> None:
+    from diffusers import WanTransformer3DModel
+
+    policy = experts_policy(folder, finetune="full")
+    high, low = policy.experts.experts
+    with torch.no_grad():
+        low.proj_out.bias.add_(1.0)  # a change to the low-noise expert only
+    policy.save_for_diffusers(tmp_path)
+    saved = {part: WanTransformer3DModel.from_pretrained(str(tmp_path / part)) for part in ("transformer",
+                                                                                             "transformer_2")}
+    assert torch.equal(saved["transformer"].proj_out.bias, high.proj_out.bias)
+    assert torch.equal(saved["transformer_2"].proj_out.bias, low.proj_out.bias)
+    assert not torch.equal(saved["transformer"].proj_out.bias, saved["transformer_2"].proj_out.bias)
