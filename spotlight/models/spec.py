@@ -217,8 +217,8 @@ def _pipeline_check_sp(config: DiffusersPolicyConfig, sp_degree: int) -> None:
     if sp_degree > 1 and config.family not in FOLDER_SHARDED_FAMILIES:
         raise ValueError(f"SP over a pipeline folder serves {', '.join(FOLDER_SHARDED_FAMILIES)} folders, not "
                          f"{config.family} (its prompt tokens are sharded too, and their count is known only once "
-                         f"encoded): use the tiny {config.family} transformer (model.family without "
-                         "model.pretrained), or runtime.sp_degree=1")
+                         f"encoded): set runtime.sp_degree 1, or use the tiny {config.family} transformer "
+                         "(model.family without model.pretrained)")
     folder = read_pipeline_folder(config.pretrained or "")
     check_sp_degree(sp_degree, num_tokens=folder.image_tokens(_pipeline_resolution(config), config.num_frames))
 
