@@ -66,6 +66,10 @@ class RolloutSection(Section):
     # FLUX takes it as its guidance input. Pipelines only: the tiny families have no unconditional prompt
     guidance_scale: float = Field(1.0, ge=1.0)
     negative_prompt: str = ""
+    # rows per sampling forward: the rollout's videos/images are sampled in chunks of this many (true CFG doubles
+    # each forward's batch). Bounds the sampling memory; every process that samples rollout rows chunks alike, so
+    # a sample is the same bits whoever draws it (a row's bits depend on its batch): change it and samples change
+    sample_batch: int = Field(256, ge=1)
 
     @property
     def resolution_hw(self) -> tuple[int, int] | None:

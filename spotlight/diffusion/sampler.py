@@ -35,6 +35,9 @@ class SamplingPlan:
     where the K-step sample of a seed is heading. Exploration needs this: a sample's SDE noise decides
     most of its reward, so a coarser plan with a schedule of its own ranks seeds almost at random
     against the rollout (measured on the shapes base model: 5 of 10 steps, correlation about 0).
+    ``sample_batch``: rows per sampling forward (`spotlight.models.generation.generate` chunks its rows so):
+    a row's float bits depend on the batch it is computed in, so it travels with the plan and every process
+    that samples a rollout's rows (trainer, ranks, spot devices) chunks them alike; it bounds the memory.
     """
 
     num_steps: int = 10
@@ -46,8 +49,11 @@ class SamplingPlan:
     # a diffusers pipeline's schedule (`sigma_schedule`): None keeps Spotlight's own grid and no stretch
     grid_end: float | None = None
     shift_terminal: float | None = None
+    sample_batch: int = 256  # rows per sampling forward (`rollout.sample_batch`); a default: old queue logs load
 
     def __post_init__(self) -> None:
+        if self.sample_batch < 1:
+            raise ValueError(f"a sampling forward takes at least 1 row (got sample_batch={self.sample_batch})")
         if self.prefix_of is not None and not 1 <= self.num_steps <= self.prefix_of:
             raise ValueError(f"a prefix plan takes 1..{self.prefix_of} steps of the {self.prefix_of}-step plan "
                              f"(got num_steps={self.num_steps})")

@@ -24,15 +24,17 @@ def exploration_sampling(plan: ExplorePlan, rollout: SamplingPlan) -> SamplingPl
     that walk the rollout's noise path rank seeds the way the rollout will score them. With an ODE
     rollout (nft) the seed is the initial latent alone and every arm is an ODE prefix. An ODE arm
     for an SDE rollout samples S ODE steps of its own schedule (kept to measure how little it predicts).
+    Every arm keeps the rollout's rows per sampling forward (``sample_batch``): it bounds the memory alike.
     """
     if plan.sampler == "ode" and rollout.sampler == "sde":
         return SamplingPlan(num_steps=plan.num_steps, shift=rollout.shift, sampler="ode", grid_end=rollout.grid_end,
-                            shift_terminal=rollout.shift_terminal)
+                            shift_terminal=rollout.shift_terminal, sample_batch=rollout.sample_batch)
     if plan.num_steps >= rollout.num_steps:
         return rollout
     return SamplingPlan(num_steps=plan.num_steps, shift=rollout.shift, sampler=rollout.sampler,
                         noise_level=rollout.noise_level, sde_steps=rollout.sde_steps, prefix_of=rollout.num_steps,
-                        grid_end=rollout.grid_end, shift_terminal=rollout.shift_terminal)
+                        grid_end=rollout.grid_end, shift_terminal=rollout.shift_terminal,
+                        sample_batch=rollout.sample_batch)
 
 
 def score_candidates(

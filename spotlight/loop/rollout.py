@@ -39,7 +39,8 @@ class Rollout:
 
 
 def rollout_plan(config: TrainConfig) -> SamplingPlan:
-    """The sampling plan of rollouts (what every device that helps a rollout runs).
+    """The sampling plan of rollouts (what every device that helps a rollout runs), with ``rollout.sample_batch``
+    rows per sampling forward, so every process chunks a rollout's rows alike (`generate`).
 
     With ``model.pretrained`` the sigma schedule is the pipeline scheduler's at the rollout's latent size
     (its static shift or resolution-dependent ``mu``, its grid and terminal stretch: what ``pipe(...)``
@@ -53,7 +54,7 @@ def rollout_plan(config: TrainConfig) -> SamplingPlan:
         shift, grid_end, shift_terminal = schedule.shift, schedule.grid_end, schedule.shift_terminal
     return SamplingPlan(num_steps=section.num_steps, shift=shift, sampler=config.rollout_sampler,
                         noise_level=section.noise_level, sde_steps=section.sde_steps, grid_end=grid_end,
-                        shift_terminal=shift_terminal)
+                        shift_terminal=shift_terminal, sample_batch=section.sample_batch)
 
 
 def group_requests(prompts: list[str], seeds: torch.Tensor) -> tuple[list[str], list[int]]:

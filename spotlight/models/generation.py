@@ -52,11 +52,13 @@ def generate(
     seeds: Sequence[int],
     plan: SamplingPlan,
     record: bool = True,
-    chunk_size: int = 256,
 ) -> Trajectory:
-    """Sample one trajectory per (prompt, seed) pair, in chunks to bound memory; a pure function of
-    (weights, prompts, seeds, plan).
+    """Sample one trajectory per (prompt, seed) pair, in chunks of ``plan.sample_batch`` rows to bound memory;
+    a pure function of (weights, prompts, seeds, plan).
 
+    The chunk size is the plan's, not the caller's: a row's float bits depend on the batch it is computed in,
+    so every process that samples a rollout's rows (the trainer, its ranks, the spot devices) chunks them
+    alike and the rows come out the same bits whoever sampled them.
     Per chunk the prompts are bound to the device once and the LoRA of a LoRA policy is folded into its
     base weights for the whole rollout where ``merge_lora`` asks for it (`sampling_weights`), so the
     denoising loop reads nothing back from the device; the trajectory comes to the CPU once at the end.
@@ -65,6 +67,7 @@ def generate(
         raise ValueError(f"need one seed per prompt (got {len(prompts)} prompts, {len(seeds)} seeds)")
     tokens = prompt_tokens(model, prompts)
     device = model_device(model)
+    chunk_size = plan.sample_batch
     parts = []
     with sampling_weights(model):
         for start in range(0, len(prompts), chunk_size):

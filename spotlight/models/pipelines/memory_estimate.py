@@ -23,11 +23,12 @@ reads the parameter shapes from the safetensors headers of ``transformer/``, ``t
   matrix keeps that copy for its backward, 4 bytes per input feature per token of the layer's stream
   (image, text, or both for a single-stream block), for every targeted layer, beside the 34 s b h;
 - and, not at the same time as the update (the largest of them counts): the rollout's sampling forward
-  (no autograd: about ten hidden-width tensors per token live in a block, for every sample of the
-  rollout at once and twice that with true CFG, plus the merged copies of the targeted weights when the
-  LoRA is folded in for sampling), the VAE decoding ``DECODE_BATCH`` images (about four feature maps of
-  its first block's channels at full resolution), and the text encoders, which are on the device only
-  while new prompts are encoded (`PromptCache` offloads them after);
+  (no autograd: about ten hidden-width tensors per token live in a block, for every sample of one
+  forward, the rollout's samples in chunks of ``rollout.sample_batch`` (`sampling_rows`), twice that with
+  true CFG, plus the merged copies of the targeted weights when the LoRA is folded in for sampling), the
+  VAE decoding ``DECODE_BATCH`` images (about four feature maps of its first block's channels at full
+  resolution), and the text encoders, which are on the device only while new prompts are encoded
+  (`PromptCache` offloads them after);
 - the CUDA context (about half a GiB whatever the model).
 
 Measured against this (issue 32, H200, Qwen-Image architecture, 8 images at 512²): 92 GB peak against an
@@ -53,7 +54,7 @@ TrainConfig = Any
 
 __all__ = ["LOWER_MEMORY", "MemoryEstimate", "ModelSizes", "choose_micro_batch", "cuda_memory_bytes",
            "estimate_training_memory", "lora_input_features", "lora_parameter_count", "model_sizes",
-           "out_of_memory_message", "run_memory_estimate", "safetensors_shapes", "training_rows",
+           "out_of_memory_message", "run_memory_estimate", "safetensors_shapes", "sampling_rows", "training_rows",
            "with_estimated_micro_batch"]
 
 logger = logging.getLogger(__name__)
@@ -65,7 +66,6 @@ OPTIMIZER_STATES = {"adamw": 2, "sgd": 1}
 CLIP_TOKENS = 77  # SD3 puts its CLIP tokens before the T5 tokens in one sequence
 LORA_INPUT_BYTES = 4  # peft's float32 copy of a targeted Linear's input, kept for the A matrix's backward
 SAMPLING_TENSORS_PER_TOKEN = 10  # hidden-width tensors live in one block of a no-grad forward (4h MLP x2, q k v, ...)
-GENERATE_CHUNK = 256  # samples per sampling forward (spotlight.models.generation.generate's chunk_size)
 DECODE_BATCH = 8  # images per VAE decode (LatentDecoder.batch_size)
 DECODE_MAPS = 4  # full-resolution feature maps live in the VAE decoder's last block
 CUDA_CONTEXT_BYTES = GIB // 2
@@ -215,8 +215,8 @@ class MemoryEstimate:
         return line
 
 
-LOWER_MEMORY = ("lower train.micro_batch_size, set model.gradient_checkpointing=true, or lower rollout.resolution or "
-                "rollout.group_size")
+LOWER_MEMORY = ("lower train.micro_batch_size or rollout.sample_batch, set model.gradient_checkpointing=true, or lower "
+                "rollout.resolution or rollout.group_size")
 
 
 def _size(count: int) -> str:
@@ -336,6 +336,12 @@ def training_rows(config: TrainConfig, micro_batch_size: int | None) -> int:
     return rows
 
 
+def sampling_rows(rollout: Any) -> int:
+    """Samples in one of the rollout's sampling forwards (before true CFG doubles it): the rollout's samples, in
+    chunks of ``rollout.sample_batch`` (`spotlight.models.generation.generate` samples them so)."""
+    return min(rollout.prompts_per_iteration * rollout.group_size, rollout.sample_batch)
+
+
 def run_memory_estimate(config: TrainConfig, micro_batch_size: int | None = None) -> MemoryEstimate | None:
     """The estimate for a training config with ``model.pretrained`` (``micro_batch_size``: in place of the config's).
 
@@ -363,7 +369,6 @@ def run_memory_estimate(config: TrainConfig, micro_batch_size: int | None = None
     uses_reference = train.kl_beta > 0 if train.algorithm == "flow-grpo" else train.nft_kl_beta > 0
     copies = 1 + (train.ema_decay is not None) + (train.old_policy_decay > 0)
     sizes = model_sizes(folder.path, lora_targets(folder.family, section.lora_target_modules), section.lora_rank)
-    samples = config.rollout.prompts_per_iteration * config.rollout.group_size
     guided = config.rollout.guidance_scale > 1  # true CFG doubles the sampling batch (a guidance-distilled FLUX not)
     merged = section.merge_lora if section.merge_lora is not None else config.device == "cuda"
     pixel_height, pixel_width = config.rollout.resolution_hw or folder.default_resolution
@@ -371,7 +376,7 @@ def run_memory_estimate(config: TrainConfig, micro_batch_size: int | None = None
         sizes, dtype=config.dtype, finetune=section.finetune, optimizer=train.optimizer, frozen_copies=copies,
         reference=uses_reference, tokens=image_tokens + text_tokens, rows=training_rows(config, micro),
         gradient_checkpointing=section.gradient_checkpointing, text_tokens=text_tokens,
-        sample_rows=min(samples, GENERATE_CHUNK) * (2 if guided else 1), merged_lora=merged,
+        sample_rows=sampling_rows(config.rollout) * (2 if guided else 1), merged_lora=merged,
         pixels=pixel_height * pixel_width, **fsdp_layout(config))
 
 
@@ -425,5 +430,6 @@ def out_of_memory_message(config: TrainConfig, error: BaseException) -> str:
                 else f"the start-up estimate was {_size(estimate.total)}, its largest phase {estimate.peak_phase}")
     micro = config.train.micro_batch_size
     return (f"the GPU ran out of memory ({first[:160]}); {expected}: lower train.micro_batch_size "
-            f"(now {'the whole minibatch' if micro is None else micro}), set model.gradient_checkpointing=true, "
+            f"(now {'the whole minibatch' if micro is None else micro}) or rollout.sample_batch (now "
+            f"{config.rollout.sample_batch}), set model.gradient_checkpointing=true, "
             f"or lower rollout.resolution or rollout.group_size")

@@ -35,12 +35,12 @@ from spotlight.models.pipelines.family_config import lora_targets
 from spotlight.models.pipelines.folder import PipelineFolder, PipelineFolderError, read_pipeline_folder
 from spotlight.models.pipelines.guidance import uses_true_cfg
 from spotlight.models.pipelines.memory_estimate import (
-    GENERATE_CHUNK,
     GIB,
     MemoryEstimate,
     ModelSizes,
     estimate_training_memory,
     safetensors_shapes,
+    sampling_rows,
     training_rows,
 )
 from spotlight.sim.planning.analytic.part_parameters import part_parameters as analytic_part_parameters
@@ -212,7 +212,7 @@ def _memory(config: RunFields, count: ForwardCount, sizes: ModelSizes, micro_bat
         reference=uses_reference, tokens=count.image_tokens + count.text_tokens,
         rows=training_rows(config, micro_batch), gradient_checkpointing=config.model.gradient_checkpointing,
         text_tokens=count.text_tokens,
-        sample_rows=min(rollout.prompts_per_iteration * rollout.group_size, GENERATE_CHUNK) * (2 if guided else 1),
+        sample_rows=sampling_rows(rollout) * (2 if guided else 1),
         merged_lora=merged, pixels=pixels)
 
 
@@ -250,6 +250,8 @@ def _what_would_fit(config: RunFields, estimate: MemoryEstimate, device: DeviceP
             fixes.append(f"FSDP over {ranks} GPUs (trainer.devices={ranks} trainer.sharding=fsdp)")
     if not config.model.gradient_checkpointing:
         fixes.append("model.gradient_checkpointing=true")
+    if estimate.peak_phase == "sampling" and sampling_rows(config.rollout) > 1:
+        fixes.append("a lower rollout.sample_batch (rows per sampling forward)")
     fixes.append("a lower rollout.resolution")
     return (f"{config.model.pretrained} does not fit one {device.name} ({device.memory_gb:g} GB) at micro-batch 1: "
             f"the trainer needs {estimate.total / GIB:.1f} GiB ({estimate.summary().split(': ', 1)[1]}); "
