@@ -114,4 +114,4 @@ def test_make_tiny_pipeline_writes_a_folder_train_reads(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert read_pipeline_folder(tmp_path / "qwen").family == "qwen-image"
     assert one_line_error(runner.invoke(app, ["make-tiny-pipeline", "sdxl", str(tmp_path / "x")])).endswith(
-        "use one of sd3, flux, qwen-image, wan, flux-kontext, qwen-image-edit, qwen-image-edit-plus")
+        "use one of sd3, flux, qwen-image, wan, flux-kontext, qwen-image-edit, qwen-image-edit-plus, wan22")
