@@ -11,17 +11,15 @@ vanilla run SIGKILLed after a checkpoint resumes to the uninterrupted run's weig
 
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import yaml
-from test_resume_ray import kill_tree, spotlight_train
+from resume_helpers import assert_resumed_to_the_uninterrupted_result, kill_after_first_checkpoint_and_resume, metrics
 
-from spotlight.components.checkpoint import latest_checkpoint, load_model, load_training_state
+from spotlight.components.checkpoint import latest_checkpoint
 from spotlight.config import TrainConfig, parse_config
 from spotlight.data.shipped import resolve_dataset_folder
 from spotlight.trainer import train
@@ -43,10 +41,6 @@ def settings(folder: Path, run_dir: Path) -> dict[str, Any]:
         "eval": {"every": 1, "seeds_per_prompt": 1, "num_steps": 2, "grid_prompts": 2, "raw_model": False,
                  "prompts": 2},
     }
-
-
-def metrics(run_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
 @pytest.fixture(scope="module")
@@ -108,10 +102,6 @@ def test_spotlight_mode_trains_kontext_edits(tiny_pipeline, tmp_path: Path) -> N
     assert not ray.is_initialized()
 
 
-def deterministic(record: dict[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in record.items() if key.startswith(DETERMINISTIC)}
-
-
 @pytest.mark.slow
 def test_a_kontext_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_result(vanilla_run: Path,
                                                                                       tiny_pipeline,
@@ -121,21 +111,6 @@ def test_a_kontext_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_re
     killed_dir = tmp_path / "killed"
     config_file = tmp_path / "config.yaml"
     config_file.write_text(yaml.safe_dump(settings(tiny_pipeline("flux-kontext"), killed_dir)))
-    driver = spotlight_train(config_file)
-    deadline = time.monotonic() + 300
-    while (checkpoint := latest_checkpoint(killed_dir)) is None:
-        assert driver.poll() is None, f"the run ended before its first checkpoint: {driver.stderr.read()[-2000:]}"
-        assert time.monotonic() < deadline, "no checkpoint within 300 s"
-        time.sleep(0.05)
-    kill_tree(driver.pid)
-    assert load_training_state(checkpoint).iteration < ITERATIONS  # killed mid-run
-    resumed = spotlight_train(config_file, "--resume")
-    assert resumed.wait(timeout=400) == 0, resumed.stderr.read()[-3000:]
-
-    clean, again = metrics(vanilla_run), metrics(killed_dir)
-    assert [record["iteration"] for record in again] == list(range(ITERATIONS + 1))
-    assert [deterministic(r) for r in again] == [deterministic(r) for r in clean]
-    final_clean = load_model(latest_checkpoint(vanilla_run)).state_dict()
-    final_again = load_model(latest_checkpoint(killed_dir)).state_dict()
-    assert final_clean.keys() == final_again.keys()
-    assert all(torch.equal(final_again[name], tensor) for name, tensor in final_clean.items())
+    kill_after_first_checkpoint_and_resume(config_file, killed_dir, ITERATIONS)
+    assert [record["iteration"] for record in metrics(killed_dir)] == list(range(ITERATIONS + 1))
+    assert_resumed_to_the_uninterrupted_result(killed_dir, vanilla_run, DETERMINISTIC)

@@ -5,18 +5,21 @@ Each sample is a row: its instruction and its source image, which both the text 
 the transformer (the source's latents after the target's) see. The reward is ``edit-preserve`` (1 - the
 mean absolute difference from the row's own source image; no model, no download). No true CFG
 (``rollout.guidance_scale`` 1: an edit's negative prompt would need its image too). Modes ``vanilla``
-and ``spotlight`` train (the validation reward moves), and the LoRA loads with ``QwenImageEditPipeline``'s
-own ``load_lora_weights`` and changes its edit.
+and ``spotlight`` train (the validation reward moves), the LoRA loads with ``QwenImageEditPipeline``'s
+own ``load_lora_weights`` and changes its edit, and a vanilla run SIGKILLed after a checkpoint resumes to the
+uninterrupted run's weights and rewards bit for bit (the resumed process encodes the rows' instructions and
+sources again: that cache is not part of a checkpoint).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import yaml
+from resume_helpers import assert_resumed_to_the_uninterrupted_result, kill_after_first_checkpoint_and_resume, metrics
 
 from spotlight.components.checkpoint import latest_checkpoint
 from spotlight.config import TrainConfig, parse_config
@@ -24,6 +27,7 @@ from spotlight.data.shipped import resolve_dataset_folder
 from spotlight.trainer import train
 
 ITERATIONS = 3
+DETERMINISTIC = ("rollout/", "train/", "val/reward")  # the rest are timings
 
 
 def settings(folder: Path, run_dir: Path) -> dict[str, Any]:
@@ -41,10 +45,6 @@ def settings(folder: Path, run_dir: Path) -> dict[str, Any]:
     }
 
 
-def metrics(run_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
 def assert_the_reward_moved(run_dir: Path) -> None:
     records = metrics(run_dir)
     assert [record["iteration"] for record in records] == list(range(ITERATIONS + 1))
@@ -55,8 +55,16 @@ def assert_the_reward_moved(run_dir: Path) -> None:
     assert records[-1]["val/reward"] - records[0]["val/reward"] > 1e-3, [r["val/reward"] for r in records]
 
 
+@pytest.fixture(scope="module")
+def vanilla_run(tiny_pipeline, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted vanilla run, in this process: what the LoRA is loaded from and the resumed run compared with."""
+    run_dir = tmp_path_factory.mktemp("qwen-edit") / "clean"
+    train(parse_config(TrainConfig, settings(tiny_pipeline("qwen-image-edit"), run_dir)))
+    return run_dir
+
+
 @pytest.mark.slow
-def test_vanilla_mode_trains_qwen_edits_and_the_lora_loads_into_qwen_edit_pipeline(tiny_pipeline, tmp_path: Path,
+def test_vanilla_mode_trains_qwen_edits_and_the_lora_loads_into_qwen_edit_pipeline(vanilla_run: Path, tiny_pipeline,
                                                                                    monkeypatch) -> None:
     import diffusers
     import diffusers.pipelines.qwenimage.pipeline_qwenimage_edit as module
@@ -65,8 +73,7 @@ def test_vanilla_mode_trains_qwen_edits_and_the_lora_loads_into_qwen_edit_pipeli
     from spotlight.models.editing.qwen_processor import load_edit_processor
 
     folder = tiny_pipeline("qwen-image-edit")
-    run_dir = tmp_path / "run"
-    train(parse_config(TrainConfig, settings(folder, run_dir)))
+    run_dir = vanilla_run
     assert_the_reward_moved(run_dir)
 
     # the pipeline's source sizing (~1 MP) set to the run's 32 x 32 (tests/models/test_qwen_image_edit_pipeline.py)
@@ -97,6 +104,20 @@ def test_spotlight_mode_trains_qwen_edits(tiny_pipeline, tmp_path: Path) -> None
     assert any("planner/num_candidates" in record for record in summary.history[2:])
     assert_the_reward_moved(tmp_path / "run")
     assert not ray.is_initialized()
+
+
+@pytest.mark.slow
+def test_a_qwen_edit_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_result(vanilla_run: Path,
+                                                                                       tiny_pipeline,
+                                                                                       tmp_path: Path) -> None:
+    """``spotlight train`` SIGKILLed (with everything it started) once a checkpoint is on disk and before the
+    last, then ``--resume``: every iteration's rewards and losses and the final LoRA equal the clean run's."""
+    killed_dir = tmp_path / "killed"
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(yaml.safe_dump(settings(tiny_pipeline("qwen-image-edit"), killed_dir)))
+    kill_after_first_checkpoint_and_resume(config_file, killed_dir, ITERATIONS)
+    assert [record["iteration"] for record in metrics(killed_dir)] == list(range(ITERATIONS + 1))
+    assert_resumed_to_the_uninterrupted_result(killed_dir, vanilla_run, DETERMINISTIC)
 
 
 def test_the_qwen_edit_recipe_trains_edits_of_the_shipped_edit_set() -> None:

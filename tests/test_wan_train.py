@@ -9,11 +9,6 @@ run's weights and rewards bit for bit, and every checkpoint's LoRA loads with ``
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +16,9 @@ import pytest
 import torch
 import yaml
 from PIL import Image
-from test_resume_ray import kill_tree
+from resume_helpers import assert_resumed_to_the_uninterrupted_result, kill_after_first_checkpoint_and_resume, metrics
 
-from spotlight.components.checkpoint import latest_checkpoint, load_model, load_training_state
+from spotlight.components.checkpoint import latest_checkpoint
 from spotlight.config import TrainConfig, parse_config
 from spotlight.report.html import write_report
 from spotlight.trainer import train
@@ -49,18 +44,6 @@ def settings(folder: Path, run_dir: Path, mode: str = "vanilla") -> dict[str, An
         config["runtime"] = {"trace": None, "max_wall_s": None, "explore_wait_s": 120.0, "node_timeout_s": 240.0,
                              "planner": {"num_candidates": [4], "num_steps": [2]}}
     return config
-
-
-def spotlight_train(config_file: Path, *args: str) -> subprocess.Popen:
-    """``spotlight train`` in a process of its own, with this folder's reward functions importable."""
-    tests = Path(__file__).parent
-    return subprocess.Popen([sys.executable, "-m", "spotlight", "train", "-c", str(config_file), *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": f"{tests.parent}{os.pathsep}{tests}"})
-
-
-def metrics(run_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
 def assert_the_reward_moved(records: list[dict[str, Any]]) -> None:
@@ -118,32 +101,14 @@ def test_spotlight_mode_trains_a_wan_folder(tiny_pipeline, tmp_path: Path) -> No
     assert not ray.is_initialized()
 
 
-def deterministic(record: dict[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in record.items() if key.startswith(DETERMINISTIC)}
-
-
 @pytest.mark.slow
 def test_a_wan_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_result(vanilla_run: Path, tiny_pipeline,
                                                                                   tmp_path: Path) -> None:
     killed_dir = tmp_path / "killed"
     config_file = tmp_path / "config.yaml"
     config_file.write_text(yaml.safe_dump(settings(tiny_pipeline("wan"), killed_dir)))
-    driver = spotlight_train(config_file)
-    deadline = time.monotonic() + 300
-    while (checkpoint := latest_checkpoint(killed_dir)) is None:
-        assert driver.poll() is None, f"the run ended before its first checkpoint: {driver.stderr.read()[-2000:]}"
-        assert time.monotonic() < deadline, "no checkpoint within 300 s"
-        time.sleep(0.05)
-    kill_tree(driver.pid)
-    assert load_training_state(checkpoint).iteration < ITERATIONS  # killed mid-run
-    resumed = spotlight_train(config_file, "--resume")
-    assert resumed.wait(timeout=400) == 0, resumed.stderr.read()[-3000:]
-
-    clean, again = metrics(vanilla_run), metrics(killed_dir)
-    assert [deterministic(r) for r in again] == [deterministic(r) for r in clean]
-    final_clean = load_model(latest_checkpoint(vanilla_run)).state_dict()
-    final_again = load_model(latest_checkpoint(killed_dir)).state_dict()
-    assert all(torch.equal(final_again[name], tensor) for name, tensor in final_clean.items())
+    kill_after_first_checkpoint_and_resume(config_file, killed_dir, ITERATIONS)
+    assert_resumed_to_the_uninterrupted_result(killed_dir, vanilla_run, DETERMINISTIC)
 
 
 @pytest.mark.slow

@@ -10,17 +10,15 @@ weights equal an uninterrupted run's bit for bit, and disagg_samples.jsonl holds
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 import yaml
-from test_resume_ray import deterministic, kill_tree, metrics, spotlight_train
+from resume_helpers import assert_resumed_to_the_uninterrupted_result, kill_after_first_checkpoint_and_resume, metrics
+from test_resume_ray import DETERMINISTIC
 
-from spotlight.components.checkpoint import latest_checkpoint, load_model, load_training_state
 from spotlight.config import TrainConfig, parse_config
 from spotlight.trainer import train
 
@@ -40,29 +38,13 @@ def test_a_disaggregated_run_killed_after_a_checkpoint_resumes_to_the_uninterrup
     killed_dir = tmp_path / "killed"
     config_file = tmp_path / "config.yaml"
     config_file.write_text(yaml.safe_dump(settings(killed_dir)))
-    driver = spotlight_train(config_file)
-    deadline = time.monotonic() + 300
-    while (checkpoint := latest_checkpoint(killed_dir)) is None:
-        assert driver.poll() is None, f"the run ended before its first checkpoint: {driver.stderr.read()[-2000:]}"
-        assert time.monotonic() < deadline, "no checkpoint within 300 s"
-        time.sleep(0.05)
-    kill_tree(driver.pid)
-    done = load_training_state(checkpoint).iteration
-    assert done < ITERATIONS  # killed mid-run
-    assert load_training_state(checkpoint).extra["backend"]["steps_done"] == done
-
-    resumed = spotlight_train(config_file, "--resume")
-    assert resumed.wait(timeout=400) == 0, resumed.stderr.read()[-3000:]
+    state = kill_after_first_checkpoint_and_resume(config_file, killed_dir, ITERATIONS)
+    assert state.extra["backend"]["steps_done"] == state.iteration
 
     clean_dir = tmp_path / "clean"
     train(parse_config(TrainConfig, settings(clean_dir)))
-    clean, again = metrics(clean_dir), metrics(killed_dir)
-    assert [r["iteration"] for r in again] == [r["iteration"] for r in clean] == list(range(ITERATIONS + 1))
-    assert [deterministic(r) for r in again] == [deterministic(r) for r in clean]
-    assert any(r.get("train/grad_norm", 0.0) > 0 for r in clean)  # the weights moved: their equality says something
-    final_clean = load_model(latest_checkpoint(clean_dir)).state_dict()
-    final_again = load_model(latest_checkpoint(killed_dir)).state_dict()
-    assert all(torch.equal(final_again[name], tensor) for name, tensor in final_clean.items())
+    assert [record["iteration"] for record in metrics(killed_dir)] == list(range(ITERATIONS + 1))
+    assert_resumed_to_the_uninterrupted_result(killed_dir, clean_dir, DETERMINISTIC)
     samples = [json.loads(line) for line in (killed_dir / "disagg_samples.jsonl").read_text().splitlines()]
     per_step = Counter(sample["step"] for sample in samples)
     assert per_step == Counter({step: 3 * 4 for step in range(ITERATIONS)})  # every sample of every step, once
