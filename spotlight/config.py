@@ -65,6 +65,9 @@ class RolloutSection(Section):
     # log-probs (nft trains the conditional velocity, CFG-free, as DiffusionNFT does); a guidance-distilled
     # FLUX takes it as its guidance input. Pipelines only: the tiny families have no unconditional prompt
     guidance_scale: float = Field(1.0, ge=1.0)
+    # a two-expert Wan2.2 folder only: the low-noise expert's steps' scale (WanPipeline's guidance_scale_2);
+    # null: guidance_scale for both experts
+    guidance_scale_2: float | None = Field(None, ge=1.0)
     negative_prompt: str = ""
     # rows per sampling forward: the rollout's videos/images are sampled in chunks of this many (true CFG doubles
     # each forward's batch). Bounds the sampling memory; every process that samples rollout rows chunks alike, so

@@ -43,8 +43,10 @@ def policy_config(config: TrainConfig) -> DiffusersPolicyConfig | None:
     """The diffusers description of the run's policy (None for a TinyDiT); ConfigError naming the field."""
     section, rollout = config.model, config.rollout
     if section.pretrained is None:
-        if rollout.guidance_scale != 1.0 or rollout.resolution is not None or rollout.num_frames is not None:
+        if (rollout.guidance_scale != 1.0 or rollout.guidance_scale_2 is not None or rollout.resolution is not None
+                or rollout.num_frames is not None):
             field = ("guidance_scale" if rollout.guidance_scale != 1.0 else
+                     "guidance_scale_2" if rollout.guidance_scale_2 is not None else
                      "resolution" if rollout.resolution is not None else "num_frames")
             raise ConfigError(f"rollout.{field} applies to a pipeline folder (model.pretrained); the {section.family} "
                               f"policy has no negative prompt or VAE: remove rollout.{field} or set model.pretrained")
@@ -54,7 +56,8 @@ def policy_config(config: TrainConfig) -> DiffusersPolicyConfig | None:
         return section.diffusers_config(task.name, task.vocab_size, task.image_size)
     try:
         description = section.pipeline_config(config.task, rollout.resolution_hw, rollout.guidance_scale,
-                                              rollout.negative_prompt, config.dtype, rollout.num_frames)
+                                              rollout.negative_prompt, config.dtype, rollout.num_frames,
+                                              rollout.guidance_scale_2)
     except PipelineFolderError as error:
         raise ConfigError(str(error) if str(error).startswith(("model.", "rollout.")) else
                           f"model.pretrained: {error}") from None

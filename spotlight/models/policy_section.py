@@ -82,7 +82,8 @@ class PolicySection(Section):
         return self
 
     def pipeline_config(self, task: str, resolution: tuple[int, int] | None, guidance_scale: float,
-                        negative_prompt: str, dtype: DTypeName, num_frames: int | None = None) -> DiffusersPolicyConfig:
+                        negative_prompt: str, dtype: DTypeName, num_frames: int | None = None,
+                        guidance_scale_2: float | None = None) -> DiffusersPolicyConfig:
         """The policy description of the ``pretrained`` pipeline folder; PipelineFolderError for a bad folder.
 
         ``task`` only names the run's prompt preset (kinds for validation); the prompts themselves are
@@ -98,13 +99,14 @@ class PolicySection(Section):
             raise PipelineFolderError(f"rollout.num_frames applies to a video pipeline folder; {folder.path} holds "
                                       f"a {folder.family} image pipeline: remove rollout.num_frames")
         folder.latent_shape(resolution or folder.default_resolution, num_frames)
+        folder.check_guidance_scale_2(guidance_scale, guidance_scale_2)
         return DiffusersPolicyConfig(
             family=folder.family, pretrained=str(folder.path), pipeline=True, resolution=resolution,
             lora_rank=self.lora_rank, lora_alpha=self.lora_alpha, lora_target_modules=self.lora_target_modules,
             finetune=self.finetune, dtype=dtype, guidance_scale=guidance_scale, negative_prompt=negative_prompt,
             max_sequence_length=self.max_sequence_length, gradient_checkpointing=self.gradient_checkpointing,
             autocast=self.autocast, task=task, merge_lora=self.merge_lora, compile=self.compile,
-            num_frames=num_frames,
+            num_frames=num_frames, guidance_scale_2=guidance_scale_2,
         )
 
     def diffusers_config(self, task: str, vocab_size: int, image_size: tuple[int, int]) -> DiffusersPolicyConfig:

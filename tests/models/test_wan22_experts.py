@@ -11,6 +11,7 @@ and ``spotlight plan`` hold both experts.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -32,6 +33,7 @@ NEGATIVE = "blurry"
 STEPS = 4
 FRAMES = 5
 LENGTH = 48
+GUIDANCE = 3.0
 
 
 def config_of(folder: Path, guidance_scale: float = 1.0, **fields) -> DiffusersPolicyConfig:
@@ -57,10 +59,11 @@ def spotlight_ode(policy: TwoExpertsPolicy, seed: int) -> torch.Tensor:
     return sample(lambda x, sigma: policy(x, sigma, tokens), [seed], plan_of(policy), policy.latent_shape).final
 
 
-def pipeline_call(pipe, latents: torch.Tensor, guidance_scale: float) -> torch.Tensor:
-    return pipe(PROMPT, negative_prompt=NEGATIVE, latents=latents, guidance_scale=guidance_scale, height=32, width=32,
-                num_frames=FRAMES, num_inference_steps=STEPS, max_sequence_length=LENGTH,
-                output_type="latent").frames
+def pipeline_call(pipe, latents: torch.Tensor, guidance_scale: float,
+                  guidance_scale_2: float | None = None) -> torch.Tensor:
+    return pipe(PROMPT, negative_prompt=NEGATIVE, latents=latents, guidance_scale=guidance_scale,
+                guidance_scale_2=guidance_scale_2, height=32, width=32, num_frames=FRAMES, num_inference_steps=STEPS,
+                max_sequence_length=LENGTH, output_type="latent").frames
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +81,12 @@ def pipe(folder: Path):
     return loaded
 
 
+@pytest.fixture(scope="module")
+def one_scale_video(folder: Path, pipe) -> torch.Tensor:
+    """WanPipeline's latents of seed 11 at guidance_scale 3, guidance_scale_2 unset (3 for both experts)."""
+    return pipeline_call(pipe, initial_latents([11], experts_policy(folder).latent_shape), GUIDANCE)
+
+
 def test_a_wan22_folder_reads_its_two_experts(folder: Path, tiny_pipeline) -> None:
     pipeline = read_pipeline_folder(folder)
     assert pipeline.experts == ("transformer", "transformer_2") and pipeline.boundary_ratio == 0.875
@@ -85,19 +94,56 @@ def test_a_wan22_folder_reads_its_two_experts(folder: Path, tiny_pipeline) -> No
     assert single.experts == ("transformer",) and single.boundary_ratio is None
 
 
-def test_an_ode_rollout_equals_wan_pipelines_two_expert_call(folder: Path, pipe) -> None:
-    guidance_scale = 3.0  # WanPipeline's guidance_scale_2 left unset: the same scale for both experts
-    policy = experts_policy(folder, guidance_scale)
+def test_an_ode_rollout_equals_wan_pipelines_two_expert_call(folder: Path, one_scale_video: torch.Tensor) -> None:
+    policy = experts_policy(folder, GUIDANCE)  # WanPipeline's guidance_scale_2 left unset: one scale for both
     sigmas = plan_of(policy).sigmas()[:-1].float()
     assert high_noise_rows(sigmas, 0.875).tolist() == [True, False, False, False]  # both experts denoise
-    latents = initial_latents([11], policy.latent_shape)
-    expected = pipeline_call(pipe, latents, guidance_scale)
+    expected = one_scale_video
     final = spotlight_ode(policy, seed=11)
     assert final.abs().max() > 0.5
     torch.testing.assert_close(final, expected, rtol=0, atol=1e-5)
     # the same rollout with the switch elsewhere (step 3's timestep 602 to the high-noise expert) is far off
     policy.experts.boundary_ratio = 0.5
     assert (spotlight_ode(policy, seed=11) - expected).abs().max() > 1e-2
+
+
+def test_guidance_scale_2_guides_the_low_noise_experts_steps_as_wan_pipeline_does(folder: Path, pipe,
+                                                                                 one_scale_video: torch.Tensor
+                                                                                 ) -> None:
+    """Step 0 (the high-noise expert's) at guidance_scale, steps 1-3 at guidance_scale_2: WanPipeline's rollout."""
+    policy = experts_policy(folder, GUIDANCE, guidance_scale_2=1.5)
+    expected = pipeline_call(pipe, initial_latents([11], policy.latent_shape), GUIDANCE, guidance_scale_2=1.5)
+    final = spotlight_ode(policy, seed=11)
+    torch.testing.assert_close(final, expected, rtol=0, atol=1e-5)
+    assert (final - one_scale_video).abs().max() > 1e-2  # not the rollout at one scale
+    # each guided row's scale is its expert's, picked on the device (a batch may straddle the boundary)
+    assert policy.guidance_scale_at(torch.tensor([0.95, 0.875, 0.3])).tolist() == [GUIDANCE, GUIDANCE, 1.5]
+
+
+@pytest.mark.parametrize(("folder_kind", "guidance", "match"), [
+    ("wan", {"guidance_scale": 3.0, "guidance_scale_2": 1.5}, "error: rollout.guidance_scale_2 guides the "
+                                                               "low-noise expert of a two-expert Wan2.2 folder"),
+    ("wan22", {"guidance_scale_2": 4.0}, "error: rollout.guidance_scale_2 4.0 would be ignored: WanPipeline guides "
+                                        "only when guidance_scale > 1"),
+    (None, {"guidance_scale_2": 4.0}, "error: rollout.guidance_scale_2 applies to a pipeline folder"),
+])
+def test_guidance_scale_2_that_nothing_would_use_is_refused_in_one_line(folder_kind: str | None, guidance: dict,
+                                                                         match: str, folder: Path,
+                                                                         tmp_path: Path) -> None:
+    one_expert = tmp_path / "wan21"  # the folder without its second expert (weights linked, not copied)
+    shutil.copytree(folder, one_expert, ignore=shutil.ignore_patterns("transformer_2", "model_index.json"),
+                    copy_function=os.symlink)
+    index = json.loads((folder / "model_index.json").read_text())
+    del index["transformer_2"], index["boundary_ratio"]
+    (one_expert / "model_index.json").write_text(json.dumps(index))
+    model = ["model.family=sd3"] if folder_kind is None else [
+        f"model.pretrained={one_expert if folder_kind == 'wan' else folder}", "rollout.resolution=32",
+        f"rollout.num_frames={FRAMES}"]
+    settings = [*model, *(f"rollout.{key}={value}" for key, value in guidance.items()), "mode=vanilla",
+                f"run_dir={tmp_path / 'run'}"]
+    result = CliRunner().invoke(app, ["train", *(arg for setting in settings for arg in ("-s", setting))])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith(match), result.output
 
 
 def test_a_batch_straddling_the_boundary_runs_each_row_on_its_expert(folder: Path) -> None:

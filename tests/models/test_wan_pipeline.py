@@ -54,10 +54,10 @@ def spotlight_ode(policy: PipelinePolicy, seed: int) -> torch.Tensor:
     return sample(lambda x, sigma: policy(x, sigma, tokens), [seed], plan, policy.latent_shape).final
 
 
-def pipeline_call(pipe, latents: torch.Tensor, guidance_scale: float, output_type: str) -> torch.Tensor:
+def pipeline_call(pipe, latents: torch.Tensor, guidance_scale: float, output_type: str, **options) -> torch.Tensor:
     return pipe(PROMPT, negative_prompt=NEGATIVE, latents=latents, guidance_scale=guidance_scale, height=32, width=32,
                 num_frames=FRAMES, num_inference_steps=STEPS, max_sequence_length=LENGTH,
-                output_type=output_type).frames
+                output_type=output_type, **options).frames
 
 
 def test_a_wan_folder_reads_as_a_video_family(tiny_pipeline) -> None:
@@ -76,6 +76,14 @@ def test_an_ode_rollout_equals_wan_pipelines_own_call(guidance_scale: float, tin
     expected = pipeline_call(pipe, initial_latents([11], policy.latent_shape), guidance_scale, "latent")
     assert final.abs().max() > 0.5
     torch.testing.assert_close(final, expected, rtol=0, atol=1e-5)
+
+
+def test_guidance_scale_2_is_refused_for_a_folder_of_one_transformer(tiny_pipeline, pipe) -> None:
+    """WanPipeline refuses guidance_scale_2 without a second expert; the policy does too, before loading weights."""
+    with pytest.raises(ValueError, match="guidance_scale_2"):
+        pipeline_call(pipe, initial_latents([0], (16, 3, 4, 4)), 3.0, "latent", guidance_scale_2=1.5)
+    with pytest.raises(PipelineFolderError, match="low-noise expert .* has one transformer"):
+        wan_policy(tiny_pipeline("wan"), 3.0, guidance_scale_2=1.5)
 
 
 def test_decoded_videos_equal_the_pipelines_pt_output(tiny_pipeline, pipe) -> None:

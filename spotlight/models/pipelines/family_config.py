@@ -106,6 +106,9 @@ class DiffusersPolicyConfig(Section):
     pipeline: bool = False
     resolution: tuple[int, int] | None = None
     negative_prompt: str = ""  # the unconditional branch of classifier-free guidance
+    # a two-expert Wan2.2 folder only: the low-noise expert's scale (WanPipeline's guidance_scale_2; guidance runs
+    # when guidance_scale > 1, as there); None: guidance_scale for both experts
+    guidance_scale_2: float | None = Field(None, ge=0)
     max_sequence_length: int | None = Field(None, ge=1)  # None: the family pipeline's default
     num_frames: int | None = Field(None, ge=1)  # a video pipeline's frames per sample (None: its default)
 

@@ -115,6 +115,23 @@ class PipelineFolder:
         """The folder's transformers, high-noise first: ``("transformer", "transformer_2")`` for Wan2.2 A14B."""
         return ("transformer", "transformer_2") if self.boundary_ratio is not None else ("transformer",)
 
+    def check_guidance_scale_2(self, guidance_scale: float, guidance_scale_2: float | None) -> None:
+        """PipelineFolderError unless ``guidance_scale_2`` (the low-noise expert's scale, ``WanPipeline``'s) would
+        be used: it needs a second expert, and guidance at all (``guidance_scale`` > 1; the pipeline guides
+        neither expert otherwise and ignores it)."""
+        if guidance_scale_2 is None:
+            return
+        if self.boundary_ratio is None:
+            raise PipelineFolderError(f"rollout.guidance_scale_2 guides the low-noise expert of a two-expert Wan2.2 "
+                                      f"folder (transformer_2 and boundary_ratio in model_index.json); {self.path} "
+                                      f"has one transformer: remove rollout.guidance_scale_2 (rollout.guidance_scale "
+                                      f"guides every step)")
+        if guidance_scale <= 1.0 and guidance_scale_2 != guidance_scale:
+            raise PipelineFolderError(f"rollout.guidance_scale_2 {guidance_scale_2} would be ignored: WanPipeline "
+                                      f"guides only when guidance_scale > 1 (rollout.guidance_scale is "
+                                      f"{guidance_scale}): raise rollout.guidance_scale or remove "
+                                      f"rollout.guidance_scale_2")
+
     @property
     def vae_scale_factor(self) -> int:
         """Pixels per latent cell, as the family's pipeline computes it from the VAE config."""

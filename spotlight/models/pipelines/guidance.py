@@ -5,7 +5,9 @@ SD3 (and FLUX without a guidance embedding) take ``u + s (c - u)``. Qwen-Image's
 each packed token (a 2x2 latent patch, all channels) of the combination back to the norm of the
 conditional prediction, which keeps high scales from blowing up the latents; it is done here in the
 same packed layout so the numbers match. FLUX.1-dev is guidance-distilled: its scale is an input of
-the transformer (``guidance``), not a second forward, and never reaches this module.
+the transformer (``guidance``), not a second forward, and never reaches this module. A scale may be one
+number or one per row (B,): Wan2.2's two experts each have their own (``guidance_scale_2``), and a batch's
+rows pick theirs on the device by noise level, with nothing read back to the host.
 """
 
 from __future__ import annotations
@@ -27,8 +29,11 @@ def uses_true_cfg(family: Family, guidance_scale: float, guidance_embeds: bool) 
 
 
 def guided_velocity(family: Family, conditional: torch.Tensor, unconditional: torch.Tensor,
-                    guidance_scale: float) -> torch.Tensor:
-    """The guided velocity (B, C, H, W) from conditional and unconditional ones of the same shape."""
+                    guidance_scale: float | torch.Tensor) -> torch.Tensor:
+    """The guided velocity (B, C, H, W) from conditional and unconditional ones of the same shape; a tensor
+    ``guidance_scale`` (B,) guides each row at its own scale."""
+    if isinstance(guidance_scale, torch.Tensor):
+        guidance_scale = guidance_scale.to(conditional.dtype).view(-1, *([1] * (conditional.dim() - 1)))
     combined = unconditional + guidance_scale * (conditional - unconditional)
     if family != "qwen-image":
         return combined

@@ -13,7 +13,9 @@ routing are the same code) whose conditioning and output are the pipeline's own:
 - **guidance**: with ``guidance_scale`` > 1, guided rows get one batched forward of the conditional
   and the negative-prompt (``negative_prompt``, default "") halves, combined as the family's pipeline
   combines them (`spotlight.models.pipelines.guidance`); a guidance-distilled FLUX gets the scale as its
-  ``guidance`` input instead.
+  ``guidance`` input instead. The scale of a guided row is :meth:`guidance_scale_at` its noise level: one
+  number here, a two-expert Wan2.2 policy's per expert (``guidance_scale_2``), so every caller (sampling,
+  exploration, Flow-GRPO's log-probs, an SP step) guides a step at the scale the pipeline would.
 - **latents**: (C, h, w) from the VAE scale factor and the transformer's channels at ``resolution``
   (FLUX / Qwen-Image pack 2x2 inside the forward); ``decode_images`` runs the VAE (`LatentDecoder`).
 - **device**: the forward takes latents on any device, runs on the transformer's, and answers on the
@@ -70,6 +72,7 @@ class PipelinePolicy(DiffusersPolicy):
             raise ValueError(f"{folder.path} holds a {folder.family} pipeline, not {config.family}: set family to "
                              f"{folder.family}")
         folder.latent_shape(config.resolution or folder.default_resolution, config.num_frames)  # fails before loading
+        folder.check_guidance_scale_2(config.guidance_scale, config.guidance_scale_2)
         dtype = torch.float32 if config.finetune == "full" else config.torch_dtype
         transformer = cls.load_transformer(folder, dtype)
         prompts = PromptCache(folder, config.torch_dtype, config.max_sequence_length)
@@ -147,6 +150,11 @@ class PipelinePolicy(DiffusersPolicy):
         self.prompts.device = self.device
         return result
 
+    def guidance_scale_at(self, sigma: torch.Tensor) -> float | torch.Tensor:
+        """The classifier-free guidance scale of guided rows at noise levels ``sigma`` (B,): ``guidance_scale``
+        at every step (`TwoExpertsPolicy` answers a scale per row, its experts' own)."""
+        return self.config.guidance_scale
+
     def bind_prompts(self, tokens: torch.Tensor) -> PromptBatch:
         """The conditioning of id rows ``[prompt id, guided]`` (B, 2), resolved once onto the transformer's device.
 
@@ -192,9 +200,10 @@ class PipelinePolicy(DiffusersPolicy):
                                             self.config.guidance_scale)
         if guided_rows:
             conditional, unconditional = velocity[:batch], velocity[batch:]
+            scale = self.guidance_scale_at(sigmas[batch:])  # the guided rows' noise levels, in their order
             if rows is None:
-                velocity = guided_velocity(self.family, conditional, unconditional, self.config.guidance_scale)
+                velocity = guided_velocity(self.family, conditional, unconditional, scale)
             else:
-                combined = guided_velocity(self.family, conditional[rows], unconditional, self.config.guidance_scale)
+                combined = guided_velocity(self.family, conditional[rows], unconditional, scale)
                 velocity = conditional.index_copy(0, rows, combined)
         return moved_to(velocity, x.device)  # a caller's CPU latents get a CPU velocity

@@ -5,8 +5,10 @@
 LoRA adapter. Every forward routes its rows by sigma (`high_noise_rows`), so sampling, exploration, NFT and
 Flow-GRPO run unchanged; prompts, guidance, the VAE and checkpoints are the pipeline policy's own.
 
-Guidance: ``WanPipeline`` takes ``guidance_scale_2`` for the low-noise expert and, when it is not given, uses
-``guidance_scale`` for both; Spotlight's ``rollout.guidance_scale`` is that one scale for both experts.
+Guidance: ``WanPipeline`` guides the high-noise expert's steps at ``guidance_scale`` and the low-noise one's at
+``guidance_scale_2`` (``guidance_scale`` when not given), so do Spotlight's ``rollout.guidance_scale`` and
+``rollout.guidance_scale_2``: :meth:`TwoExpertsPolicy.guidance_scale_at` picks each guided row's scale on the device
+by the rule that picks its expert (`high_noise_rows`), with nothing read back to the host.
 
 What diffusers loads (`save_for_diffusers`): ``WanLoraLoaderMixin.load_lora_weights`` loads one file into one
 transformer (``load_into_transformer_2=True`` sends a file's ``transformer.`` keys to ``transformer_2``), so the
@@ -30,7 +32,7 @@ from spotlight.models.pipelines.export import save_diffusers_lora, save_transfor
 from spotlight.models.pipelines.folder import PipelineFolder, PipelineFolderError
 from spotlight.models.pipelines.loading import load_transformer
 from spotlight.models.pipelines.policy import PipelinePolicy
-from spotlight.models.video.experts import TwoExperts
+from spotlight.models.video.experts import TwoExperts, high_noise_rows
 
 __all__ = ["LOW_NOISE_LORA_FILE", "TwoExpertsPolicy"]
 
@@ -54,6 +56,14 @@ class TwoExpertsPolicy(PipelinePolicy):
     def experts(self) -> TwoExperts:
         assert isinstance(self.transformer, TwoExperts)
         return self.transformer
+
+    def guidance_scale_at(self, sigma: torch.Tensor) -> float | torch.Tensor:
+        """``guidance_scale`` for rows at the high-noise expert's noise levels ``sigma`` (B,), ``guidance_scale_2``
+        for the low-noise expert's (a (B,) tensor on sigma's device); one number when both are the same."""
+        high, low = self.config.guidance_scale, self.config.guidance_scale_2
+        if low is None or low == high:
+            return high
+        return torch.where(high_noise_rows(sigma, self.experts.boundary_ratio), high, low)
 
     def save_for_diffusers(self, directory: str | Path) -> Path:
         """Write what ``WanPipeline`` loads both experts from into ``directory`` (module docstring); returns the
