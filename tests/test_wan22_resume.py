@@ -1,9 +1,10 @@
 """Wan2.2 A14B's two experts resume after SIGKILL to the uninterrupted result (issue 45).
 
 A vanilla run of a tiny two-expert ``WanPipeline`` folder, with sampling steps and NFT noise levels on both
-sides of the folder's boundary (as in ``tests/test_wan22_train.py``) so that both experts' LoRA train, is
-SIGKILLed once its first checkpoint is on disk and finished with ``spotlight train --resume``: every
-iteration's rewards and losses and both experts' final LoRA equal those of an uninterrupted run bit for bit.
+sides of the folder's boundary (as in ``tests/test_wan22_train.py``) so that both experts' LoRA train, and each
+expert's steps guided at a scale of its own (``rollout.guidance_scale_2``), is SIGKILLed once its first
+checkpoint is on disk and finished with ``spotlight train --resume``: every iteration's rewards and losses
+and both experts' final LoRA equal those of an uninterrupted run bit for bit.
 Two iterations, a checkpoint after each, validation at the start and the end only: the cheapest run that
 is killed mid-way and still compares a validation after resuming.
 """
@@ -30,6 +31,7 @@ def two_expert_settings(folder: Path, run_dir: Path) -> dict[str, Any]:
     config.update(iterations=ITERATIONS)
     config["rollout"]["num_steps"] = config["eval"]["num_steps"] = 4  # timesteps 1000 | 858, 602, 9: both experts
     config["train"]["nft_timesteps"] = 4  # an eighth of the noise levels (sigma >= 0.875) reach the high-noise expert
+    config["rollout"]["guidance_scale_2"] = 3.0  # the low-noise expert's steps guided at a scale of their own
     config["eval"]["every"] = ITERATIONS  # validated at 0 and at the end, after the resume
     return config
 
