@@ -3,7 +3,9 @@
 The tiny ``wan22`` folder (`spotlight make-tiny-pipeline wan22`) holds Wan2.1's tiny parts, a second random
 transformer (``transformer_2``) and A14B's ``boundary_ratio`` 0.875. Four steps of its schedule are timesteps
 1000, 858, 602 and 9: the first is the high-noise expert's, the rest the low-noise one's, so an ODE rollout
-equals ``WanPipeline.__call__`` only when the policy switches experts where the pipeline does. A LoRA
+equals ``WanPipeline.__call__`` only when the policy switches experts where the pipeline does, and with
+``guidance_scale_2`` only when it guides each expert's steps at the pipeline's scale. A spot device's policy,
+built around the broadcast LoRA of both experts, denoises as the trainer's. A LoRA
 Spotlight exports for both experts loads with the pipeline's own ``load_lora_weights``; the memory estimate
 and ``spotlight plan`` hold both experts.
 """
@@ -160,6 +162,33 @@ def test_a_batch_straddling_the_boundary_runs_each_row_on_its_expert(folder: Pat
     torch.testing.assert_close(together, alone, rtol=0, atol=1e-5)
     torch.testing.assert_close(moved[0], together[0], rtol=0, atol=1e-5)
     assert (moved[1] - together[1]).abs().max() > 1e-2
+
+
+def test_a_spot_device_policy_on_the_broadcast_weights_denoises_as_the_trainers(folder: Path) -> None:
+    """What a spot device builds from a broadcast (`policy_on_weights`): the two-expert policy of the description,
+    both experts' LoRA the broadcast tensors, each row on its expert at its expert's guidance scale."""
+    from spotlight.models.spec import policy_on_weights
+
+    policy = experts_policy(folder, GUIDANCE, guidance_scale_2=1.5, lora_rank=2, lora_alpha=4.0)
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        for parameter in policy.trainable_parameters():
+            parameter.normal_(0.0, 0.3)
+    weights = policy.broadcast_state()
+    assert {name.split(".")[1] for name in weights} == {"0", "1"}  # experts.0 (high noise), experts.1 (low)
+    spot = policy_on_weights(policy.describe(), weights, copy=False, cache={})
+    assert isinstance(spot, TwoExpertsPolicy) and spot.config.guidance_scale_2 == 1.5
+    latents = torch.randn(2, *policy.latent_shape, generator=torch.Generator().manual_seed(1))
+    sigma = torch.tensor([0.95, 0.3])  # one row for each expert
+    with torch.no_grad():
+        expected = policy(latents, sigma, policy.tokenize([PROMPT, PROMPT]))
+        torch.testing.assert_close(spot(latents, sigma, spot.tokenize([PROMPT, PROMPT])), expected, rtol=0, atol=1e-5)
+        for name, tensor in weights.items():  # the high-noise expert's LoRA zeroed in place: the spot policy's own
+            if name.startswith("experts.0.") and "lora_B" in name:
+                tensor.zero_()
+        moved = spot(latents, sigma, spot.tokenize([PROMPT, PROMPT]))
+    assert (moved[0] - expected[0]).abs().max() > 1e-3  # the high-noise row ran the high-noise expert's LoRA ...
+    torch.testing.assert_close(moved[1], expected[1], rtol=0, atol=1e-5)  # ... and the low-noise row did not
 
 
 def test_the_exported_lora_of_both_experts_loads_into_wan_pipeline(folder: Path, tmp_path: Path) -> None:
