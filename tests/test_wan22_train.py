@@ -5,7 +5,7 @@ diffusers' format, and both load with ``WanPipeline``'s own ``load_lora_weights`
 ``load_into_transformer_2``) and change its video. A spotlight run trains too: its spot device builds the
 two-expert policy from the broadcast description, takes both experts' LoRA from the broadcast weights, and
 explores later iterations' seeds with both experts (two steps: timesteps 1000 and 9, one on each side of the
-boundary).
+boundary), each guided at its own scale (``rollout.guidance_scale_2``).
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ def test_spotlight_mode_trains_both_experts_with_a_spot_device_exploring(tiny_pi
     config.update(iterations=2, checkpoint_every=2)
     config["eval"]["every"] = 2  # validation before and after training only
     config["train"]["nft_timesteps"] = 4  # as the vanilla run: some noise levels reach the high-noise expert
+    config["rollout"]["guidance_scale_2"] = 1.5  # the spot device guides each expert's step at its own scale
     summary = train(parse_config(TrainConfig, config))
     assert "planner/num_candidates" in summary.history[2]  # iteration 2's seeds were explored on the spot device
     records = metrics(run_dir)
