@@ -122,6 +122,29 @@ def test_guidance_scale_2_guides_the_low_noise_experts_steps_as_wan_pipeline_doe
     assert policy.guidance_scale_at(torch.tensor([0.95, 0.875, 0.3])).tolist() == [GUIDANCE, GUIDANCE, 1.5]
 
 
+def test_flow_grpo_scores_each_guided_step_at_the_scale_it_was_sampled_at(folder: Path) -> None:
+    """The update's log-prob of an SDE step (step 0: the high-noise expert's, steps 1-2: the low-noise one's) is
+    the one the sampler recorded; scored at one scale for both experts, a low-noise step's would not be."""
+    from spotlight.rl.grpo import RolloutBatch, step_log_prob_and_mean
+
+    policy = experts_policy(folder, GUIDANCE, guidance_scale_2=1.5)
+    schedule = policy.schedule()
+    plan = SamplingPlan(num_steps=3, shift=schedule.shift, sampler="sde", grid_end=schedule.grid_end,
+                        shift_terminal=schedule.shift_terminal)  # timesteps 1000 | 751, 9
+    tokens = policy.tokenize([PROMPT])
+    trajectory = sample(lambda x, sigma: policy(x, sigma, tokens), [5], plan, policy.latent_shape)
+    batch = RolloutBatch(latents=trajectory.latents, log_probs=trajectory.log_probs, tokens=tokens,
+                         advantages=torch.zeros(1), sigmas=plan.sigmas(), noise_level=plan.noise_level)
+    rows = torch.arange(1)
+    with torch.no_grad():
+        scored = [step_log_prob_and_mean(policy, batch, rows, step)[0] for step in range(3)]
+        torch.testing.assert_close(torch.stack(scored, dim=1), trajectory.log_probs, rtol=0, atol=1e-6)
+        policy.config = policy.config.model_copy(update={"guidance_scale_2": None})  # one scale for both
+        one_scale = step_log_prob_and_mean(policy, batch, rows, 1)[0]
+    # a log-prob is a mean over every latent cell, and a random tiny model's guidance moves it little (4e-4 here)
+    assert (one_scale - trajectory.log_probs[:, 1]).abs().max() > 1e-4
+
+
 @pytest.mark.parametrize(("folder_kind", "guidance", "match"), [
     ("wan", {"guidance_scale": 3.0, "guidance_scale_2": 1.5}, "error: rollout.guidance_scale_2 guides the "
                                                                "low-noise expert of a two-expert Wan2.2 folder"),
