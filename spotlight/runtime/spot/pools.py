@@ -60,6 +60,14 @@ def _init_kwargs() -> dict[str, Any]:
     return {"include_dashboard": False, "logging_level": "ERROR", "log_to_driver": False}
 
 
+# Ray's own helpers that a LocalCluster has no use for: the autoscaler's monitor (nothing autoscales here: spot
+# nodes come and go by the run's own hand) and each node's log monitor (it forwards worker output to the driver,
+# and the driver takes none: log_to_driver=False). Each is a Python process per start (~0.3-0.4 CPU-s apiece)
+# that a run, and a test suite starting dozens of runs, paid for nothing.
+_LEAN_NODE: dict[str, Any] = {"include_log_monitor": False}
+_LEAN_HEAD: dict[str, Any] = {**_LEAN_NODE, "no_monitor": True}
+
+
 def _loopback_only() -> Callable[[], None]:
     """Make the nodes started from now on (and this driver) use 127.0.0.1 only; returns the undo.
 
@@ -109,7 +117,7 @@ class LocalCluster:
         try:
             with spawning_on(control_cores):
                 start_node(self.cluster, node_timeout_s, "the on-demand head node", num_cpus=1,
-                           resources={"on_demand": 1}, include_dashboard=False,
+                           resources={"on_demand": 1}, include_dashboard=False, **_LEAN_HEAD,
                            object_store_memory=self._object_store, **(gpus.head_args() if gpus else {}),
                            **({"_system_config": system_config} if system_config else {}))
         except NodeStartError as error:
@@ -136,7 +144,7 @@ class LocalCluster:
         try:
             with spawning_on(self._control_cores):
                 node = start_node(self.cluster, self._node_timeout_s, f"spot node {name}", num_cpus=1,
-                                  resources={"spot": 1}, object_store_memory=self._object_store,
+                                  resources={"spot": 1}, **_LEAN_NODE, object_store_memory=self._object_store,
                                   **(self._gpus.spot_args(name) if self._gpus else {"num_gpus": self._spot_gpus}))
         except NodeStartError as error:
             raise PoolError(str(error)) from None
