@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from typer.testing import CliRunner, Result
 
+from spotlight.cli import app
 from spotlight.components.fingerprint import FINGERPRINT_FILE, ModelFilesError, model_fingerprint, record_model
 from spotlight.components.run_dir import RunDirError, check_resume_config
 from spotlight.config import TrainConfig, dump_config, parse_config
@@ -97,18 +99,27 @@ def test_spotlight_train_on_a_truncated_download_is_one_line_naming_the_file(tin
                       "and retry"]
 
 
+def spotlight_train_here(*args: str, cwd: Path, monkeypatch: pytest.MonkeyPatch) -> Result:
+    """``spotlight train`` in this process, run from ``cwd`` (the run directory, not the process, is the subject)."""
+    with monkeypatch.context() as here:
+        here.chdir(cwd)
+        return CliRunner().invoke(app, ["train", *args])
+
+
 @pytest.mark.slow
-def test_a_run_directory_moved_elsewhere_and_named_by_another_spelling_resumes(tiny_base_model, tmp_path) -> None:
+def test_a_run_directory_moved_elsewhere_and_named_by_another_spelling_resumes(tiny_base_model, tmp_path,
+                                                                               monkeypatch) -> None:
     settings = {"base_checkpoint": str(tiny_base_model), "mode": "vanilla", "iterations": 1, "num_threads": 1,
                 "checkpoint_every": 1, "rollout": {"prompts_per_iteration": 1, "group_size": 2, "num_steps": 2},
                 "eval": {"every": 100, "seeds_per_prompt": 1, "num_steps": 1, "grid_prompts": 1}}
     (tmp_path / "disk1").mkdir()
     config_file = tmp_path / "config.yaml"
     config_file.write_text(yaml.safe_dump({**settings, "run_dir": "runs/first"}))  # relative, as users write it
-    assert spotlight_train("-c", str(config_file), cwd=tmp_path / "disk1").returncode == 0
+    first = spotlight_train_here("-c", str(config_file), cwd=tmp_path / "disk1", monkeypatch=monkeypatch)
+    assert first.exit_code == 0, first.output[-2000:]
     moved = shutil.move(tmp_path / "disk1" / "runs" / "first", tmp_path / "disk2" / "renamed")
-    result = spotlight_train("-c", str(config_file), "-s", f"run_dir={moved}", "-s", "iterations=2", "--resume",
-                             cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-2000:]
+    result = spotlight_train_here("-c", str(config_file), "-s", f"run_dir={moved}", "-s", "iterations=2", "--resume",
+                                  cwd=tmp_path, monkeypatch=monkeypatch)
+    assert result.exit_code == 0, result.output[-2000:]
     assert [json.loads(line)["iteration"] for line in (Path(moved) / "metrics.jsonl").read_text().splitlines()] \
         == [0, 1, 2]
