@@ -24,8 +24,11 @@ NODE_START_S = 240.0  # a bound for failing, not a wait: a node is used as soon 
 # Ray declares a node dead after `health_check_failure_threshold` (5) failed checks in a row, one every
 # `health_check_period_ms` (3 s by default: B's loss took ~15 s to be seen). A check of a killed node fails at
 # once; one of a live node that is slow fails only at `health_check_timeout_ms` (10 s, kept), so checking
-# every 0.5 s finds B dead in ~2.5 s and still needs a live node to stall for 50 s to be taken for dead.
-HEALTH_CHECKS = {"health_check_period_ms": 500}
+# every 0.2 s finds B dead in ~1 s and still needs a live node to stall for 50 s to be taken for dead.
+HEALTH_CHECKS = {"health_check_period_ms": 200}
+# Nothing autoscales this cluster and the driver takes no worker output: the head goes without Ray's
+# autoscaler monitor and log monitor (two Python processes fewer), as `LocalCluster`'s head does.
+LEAN_HEAD = {"no_monitor": True, "include_log_monitor": False}
 
 
 def attach_config(base: Path, run_dir: Path, address: str, metadata_url: str) -> TrainConfig:
@@ -57,7 +60,7 @@ def test_an_attached_cluster_hears_a_notice_over_http_drains_the_node_and_uses_a
     server = FakeMetadata(imds.respond)
     cluster = Cluster()  # every node is awaited on its readiness, not on Ray's fixed 30 s (ray_nodes.py)
     start_node(cluster, NODE_START_S, "head", num_cpus=1, resources={"on_demand": 1}, include_dashboard=False,
-               object_store_memory=200 << 20, _system_config=HEALTH_CHECKS)
+               object_store_memory=200 << 20, _system_config=HEALTH_CHECKS, **LEAN_HEAD)
     spot = {"num_cpus": 1, "resources": {"spot": 1}, "object_store_memory": 200 << 20}
     node_a, node_b = (start_node(cluster, NODE_START_S, name, **spot) for name in ("spot node A", "spot node B"))
     run_dir = tmp_path / "run"
