@@ -153,7 +153,9 @@ def test_ddp_no_sync_accumulation_with_packing_equals_the_single_process_gradien
     update.finish_gradients()
     reference = gradients(model)
     out = tmp_path / "grads.pt"
-    mp.spawn(ddp_rank, args=(str(tmp_path / "store"), str(out)), nprocs=2, join=True)
+    # forked, not spawned: the ranks start with torch and this module imported (each spawned rank paid an
+    # interpreter and the imports again, most of the test's time); they take one thread before any op
+    mp.start_processes(ddp_rank, args=(str(tmp_path / "store"), str(out)), nprocs=2, join=True, start_method="fork")
     for pack, grads in torch.load(out).items():
         for a, b in zip(grads, reference, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7, msg=f"pack_timesteps={pack}")
