@@ -34,23 +34,23 @@ def runtime_config(base: Path, run_dir: Path, trace: Path, **runtime) -> TrainCo
         "explore": {"monitor_prompts": 1},
         "eval": {"every": 10, "seeds_per_prompt": 1, "num_steps": 2, "grid_prompts": 2},
         "runtime": {"trace": str(trace), "time_scale": 1.0, "grace_s": 0.5, "max_wall_s": None,
-                    "explore_wait_s": 120.0, "node_timeout_s": 240.0, "min_step_s": 1.0,
+                    "explore_wait_s": 120.0, "node_timeout_s": 240.0, "min_step_s": 0.75,
                     "planner": {"num_candidates": [4], "num_steps": [6]}, **runtime},
     })
 
 
 @pytest.fixture(scope="module")
 def spotlight_run(tiny_base_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A finished 2-iteration spotlight run whose spot node gets a notice 3 s in, goes at 3.5 s, is back at 4.5 s.
+    """A finished 2-iteration spotlight run whose spot node gets a notice 3 s in, goes at 3.5 s, is back at 3.6 s.
 
     The exploration round for iteration 2 (opened after iteration 1's rollout, well before 3 s) takes
-    at least 6 s: 6 denoising passes of at least 1 s each (runtime.min_step_s; a 6-step arm of a 7-step
-    rollout is its first 5 steps and one jump to the data), so the notice lands
-    in the middle of it, however fast or loaded the machine is.
+    at least 4.5 s: 6 denoising passes of at least 0.75 s each (runtime.min_step_s; a 6-step arm of a 7-step
+    rollout is its first 5 steps and one jump to the data), so the notice lands in the middle of it, however
+    fast or loaded the machine is: at most 4 of its passes are done at 3 s, and the rest wait for the return.
     """
     folder = tmp_path_factory.mktemp("loop")
     trace = folder / "trace.csv"
-    trace.write_text("0,add,node0\n3500,remove,node0\n4500,add,node0\n")
+    trace.write_text("0,add,node0\n3500,remove,node0\n3600,add,node0\n")
     run_dir = folder / "run"
     train(runtime_config(tiny_base_model, run_dir, trace))
     return run_dir
