@@ -1,8 +1,9 @@
 """Mode disaggregated through the one training loop, on the Ray runtime (generator actors, unit queue).
 
-One subprocess runs five short trainings (TinyDiT: GAP, the one-shot fallback, TAG, one-step async;
-and sd3-tiny-lora with LoRA), and the tests read what the runs wrote: final weights, metrics and
-the per-sample log (step, id, version, per-step versions, device). The same samples are drawn in the
+The module's fixture runs five short trainings in this process, on one Ray cluster it lends them (each
+run starts only its own queue and generator actors): TinyDiT with GAP, the one-shot fallback, TAG and
+one-step async, and sd3-tiny-lora with LoRA. The tests read what the runs wrote: final weights, metrics
+and the per-sample log (step, id, version, per-step versions, device). The same samples are drawn in the
 GAP, one-shot and TAG runs (a sample is a pure function of weights, prompt and seed), so their
 updates must agree.
 """
@@ -10,14 +11,16 @@ updates must agree.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import ray
 import torch
 from safetensors.torch import load_file
+
+from spotlight.config import TrainConfig, load_config
+from spotlight.runtime.spot.pools import LocalCluster
+from spotlight.trainer import train
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = ["mode=disaggregated", "iterations=2", "eval.every=100", "eval.seeds_per_prompt=1", "eval.num_steps=2",
@@ -37,13 +40,16 @@ RUNS = {
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
+    """The five runs, in this process (no interpreter or import to pay again), on one lent cluster."""
     root = tmp_path_factory.mktemp("disaggregated")
-    plan = [[None if config is None else str(REPO / config), str(root / name), [*BASE, *overrides]]
-            for name, (config, overrides) in RUNS.items()]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, str(Path(__file__).with_name("run_disaggregated.py")), json.dumps(plan)],
-                          cwd=root, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    cluster = LocalCluster()
+    try:
+        for name, (config, overrides) in RUNS.items():
+            train(load_config(TrainConfig, None if config is None else str(REPO / config),
+                              [*BASE, *overrides, f"run_dir={root / name}"]))
+    finally:
+        cluster.shutdown()
+    assert not ray.is_initialized()
     return {name: root / name for name in RUNS}
 
 
