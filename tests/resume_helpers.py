@@ -7,17 +7,22 @@ would, and finishes the run with ``--resume``. `assert_resumed_to_the_uninterrup
 with an uninterrupted run of the same config: the metrics that do not measure time, and the final weights,
 bit for bit. The drivers' stderr goes to files beside the config (a pipe nobody reads fills and blocks a
 talkative driver), and every failure shows its tail.
+
+`stop_mid_iteration_and_resume` is the SIGTERM counterpart (the stop tests of every mode): the run gets SIGTERM
+while its second iteration runs, must save it, stop every process it started and print one line with the
+``--resume`` command, and that command, run as printed, must finish the run.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +35,8 @@ TESTS = Path(__file__).parent
 FIRST_CHECKPOINT_S = 300.0
 RESUME_S = 400.0
 TAIL = 3000  # characters of a driver's stderr shown with a failure
+STARTED_S = 300.0  # for a run to reach the point a test stops it at
+ENDED_S = 2.0  # for the processes of a stopped driver to end after it did
 
 
 def kill_tree(pid: int) -> None:
@@ -124,3 +131,79 @@ def assert_resumed_to_the_uninterrupted_result(resumed_dir: Path, clean_dir: Pat
     assert final_again.keys() == final_clean.keys()
     differing = [name for name, tensor in final_clean.items() if not torch.equal(final_again[name], tensor)]
     assert not differing, f"{len(differing)} of {len(final_clean)} final tensors differ, e.g. {differing[:3]}"
+
+
+def spotlight(args: list[str], pace_s: float = 0.0, mark: Path | None = None) -> subprocess.Popen:
+    """``spotlight <args>`` in a process of its own, stdout and stderr piped, with the tests' modules importable
+    and ``paced_reward``'s pause (``PACE_S`` seconds a call) and mark file (``PACE_MARK``) set."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)]), "PACE_S": str(pace_s),
+           "PACE_MARK": str(mark or "")}
+    return subprocess.Popen([sys.executable, "-m", "spotlight", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def wait_for(driver: subprocess.Popen, done: Callable[[], bool]) -> None:
+    """Return once ``done()``; fails with the driver's stderr if it ends first or STARTED_S pass."""
+    deadline = time.monotonic() + STARTED_S
+    while not done():
+        assert driver.poll() is None, driver.stderr.read()[-TAIL:]
+        assert time.monotonic() < deadline, f"the run did not get there within {STARTED_S:.0f} s"
+        time.sleep(0.02)
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    return psutil.Process(pid).children(recursive=True)
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def assert_ended(processes: list[psutil.Process]) -> None:
+    """Every one of ``processes`` (what a driver that has exited had started) ends within ENDED_S."""
+    deadline = time.monotonic() + ENDED_S
+    while (left := [p for p in processes if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left, f"{len(left)} processes of the stopped run outlived it by {ENDED_S:.0f} s: {left[:3]}"
+
+
+def stop_mid_iteration_and_resume(config_file: Path, run_dir: Path, pace_s: float) -> None:
+    """SIGTERM ``spotlight train -c config_file`` (``run_dir``; reward ``paced_reward:paced``, three or more
+    iterations, no periodic checkpoint before the end) once iteration 1 is logged, so that iteration 2 is running
+    (its reward calls pause ``pace_s`` seconds), then run the ``--resume`` command it printed to exit 0.
+
+    The stop must exit 143 with one line naming the checkpoint of the iteration in progress (or, had it started
+    late, of the one before), its iteration and the command; the metrics up to it, nothing lost, nothing extra;
+    and no process the driver started may outlive it.
+    """
+    driver = spotlight(["train", "-c", str(config_file)], pace_s=pace_s)
+    wait_for(driver, lambda: any(record["iteration"] == 1 for record in records(run_dir)))  # 2 is running
+    started = descendants(driver.pid)  # Ray's processes in the Ray modes
+    driver.send_signal(signal.SIGTERM)
+    _, stderr = driver.communicate(timeout=60)
+    assert driver.returncode == 128 + signal.SIGTERM, stderr[-TAIL:]
+
+    lines = [line for line in stderr.splitlines() if line.startswith("stopped by SIGTERM")]
+    assert len(lines) == 1, stderr[-TAIL:]
+    line = lines[0]
+    saved = int(line.split("(iteration ")[1].split(" ")[0])
+    assert saved in (1, 2)  # the iteration in progress, finished (or, had it started late, the one before)
+    assert f"checkpoints/iter-{saved:06d}" in line and (run_dir / "checkpoints" / f"iter-{saved:06d}").is_dir()
+    assert [r["iteration"] for r in records(run_dir)] == list(range(saved + 1))  # nothing lost, nothing extra
+    assert_ended(started)  # Ray stopped
+
+    command = shlex.split(line.split("continue with: ")[1])
+    assert command[0] == "spotlight" and command[-1] == "--resume"
+    resumed = spotlight(command[1:], pace_s=0.0)
+    _, stderr = resumed.communicate(timeout=RESUME_S)
+    assert resumed.returncode == 0, stderr[-TAIL:]
+
+
+def records(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's metrics.jsonl so far ([] before it exists)."""
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return [json.loads(line) for line in lines if line.strip()]
