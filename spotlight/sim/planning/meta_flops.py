@@ -30,7 +30,7 @@ from spotlight.models.pipelines.folder import PipelineFolder, read_pipeline_fold
 from spotlight.models.pipelines.memory_estimate import lora_input_features
 from spotlight.sim.planning.forward_count import ForwardCount, LoraShape, check_transformer_class
 
-__all__ = ["count_on_meta", "meta_transformer"]
+__all__ = ["count_built", "count_on_meta", "meta_transformer"]
 
 
 def meta_transformer(folder: PipelineFolder, lora: LoraShape | None = None) -> nn.Module:
@@ -105,8 +105,16 @@ def count_on_meta(path: Path, resolution: tuple[int, int], tokens: int, batch: i
            backward: bool, every_block: bool, num_frames: int | None = None) -> ForwardCount:
     """`forward_flops.count_forward_flops`'s count, on the meta device (``every_block``: run every block)."""
     folder = read_pipeline_folder(path)
+    return count_built(meta_transformer(folder, lora), folder, resolution, tokens, batch, lora, backward, every_block,
+                       num_frames)
+
+
+def count_built(model: nn.Module, folder: PipelineFolder, resolution: tuple[int, int], tokens: int, batch: int,
+                lora: LoraShape | None, backward: bool, every_block: bool,
+                num_frames: int | None = None) -> ForwardCount:
+    """`count_on_meta` of ``model``, ``meta_transformer(folder, lora)``: a caller that also reads the built
+    model's parameters builds it once (building Qwen-Image or Wan-14B on the meta device takes a second)."""
     latent_shape = folder.latent_shape(resolution, num_frames)
-    model = meta_transformer(folder, lora)
     named = dict(model.named_parameters())
     parameters = sum(p.numel() for name, p in named.items() if ".lora_" not in name)
     lora_parameters = sum(p.numel() for name, p in named.items() if ".lora_" in name)
@@ -115,12 +123,10 @@ def count_on_meta(path: Path, resolution: tuple[int, int], tokens: int, batch: i
     lora_weights = sum(p.numel() for name, p in named.items() if name.endswith(".base_layer.weight") and p.dim() == 2)
     kinds = {} if every_block else _one_block_of_each_kind(model)
     inputs = _meta_inputs(folder, latent_shape, tokens, batch)
-    flops = _counted(model, folder, inputs, kinds, train=False)
-    train_flops = None
     if backward:
         for name, parameter in model.named_parameters():
             parameter.requires_grad_(lora is None or ".lora_" in name)
-        train_flops = _counted(model, folder, inputs, kinds, train=True)
+    flops, train_flops = _counted(model, folder, inputs, kinds, train=backward)
     return ForwardCount(flops=flops, batch=batch, image_tokens=folder.image_tokens(resolution, num_frames),
                         text_tokens=tokens,
                         parameters=parameters, lora_parameters=lora_parameters, train_flops=train_flops,
@@ -128,8 +134,9 @@ def count_on_meta(path: Path, resolution: tuple[int, int], tokens: int, batch: i
 
 
 def _counted(model: nn.Module, folder: PipelineFolder, inputs: tuple[Any, ...],
-             kinds: dict[str, tuple[list[nn.Module], list[int]]], train: bool) -> float:
-    """FLOPs of one forward (with ``train``, and its backward) of the whole model, from one block of each kind.
+             kinds: dict[str, tuple[list[nn.Module], list[int]]], train: bool) -> tuple[float, float | None]:
+    """FLOPs of one forward (and with ``train``, of the forward and its backward: else None) of the whole
+    model, from one block of each kind.
 
     With every block list cut to its kinds, the counted total holds each kind once; running a kind twice
     in a row adds exactly one more block of it (with a gradient flowing into it, as in the full model),
@@ -140,26 +147,31 @@ def _counted(model: nn.Module, folder: PipelineFolder, inputs: tuple[Any, ...],
     try:
         for name, (blocks, _) in kinds.items():
             setattr(model, name, nn.ModuleList(blocks))
-        total = base = _total(model, folder, inputs, train)
+        base = _total(model, folder, inputs, train)
+        total = list(base)
         for name, (blocks, counts) in kinds.items():
             for index, count in enumerate(counts):
                 if count > 1:
                     setattr(model, name, nn.ModuleList([*blocks[: index + 1], *blocks[index:]]))
-                    total += (count - 1) * (_total(model, folder, inputs, train) - base)
+                    more = _total(model, folder, inputs, train)
+                    total = [t + (count - 1) * (m - b) for t, m, b in zip(total, more, base, strict=True)]
             setattr(model, name, nn.ModuleList(blocks))
     finally:
         for name, blocks_list in originals.items():
             setattr(model, name, blocks_list)
-    return total
+    return total[0], total[1] if train else None
 
 
-def _total(model: nn.Module, folder: PipelineFolder, inputs: tuple[Any, ...], train: bool) -> float:
+def _total(model: nn.Module, folder: PipelineFolder, inputs: tuple[Any, ...], train: bool) -> tuple[float, float]:
+    """(forward, forward and backward) FLOPs of one call: a backward's forward is the inference forward's ops
+    (no dropout, no checkpointing on a built model), so one pass under the counter reads both."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from spotlight.models.pipelines.inputs import transformer_velocity
 
     with FlopCounterMode(display=False) as counter, torch.set_grad_enabled(train):
         velocity = transformer_velocity(model, folder.family, *inputs)
+        forward = float(counter.get_total_flops())
         if train:
             velocity.float().square().mean().backward()
-    return float(counter.get_total_flops())
+    return forward, float(counter.get_total_flops())
