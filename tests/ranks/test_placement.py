@@ -24,8 +24,11 @@ class Probe:
 
 @pytest.mark.slow
 def test_gpu_ranks_are_one_packed_placement_group_reserved_all_at_once() -> None:
+    # without the autoscaler's monitor and the log monitor (nothing autoscales here, no output is read): two
+    # processes fewer to start, as `LocalCluster` starts its head
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 2,
-                                                            "resources": {"on_demand": 1.0}})
+                                                            "resources": {"on_demand": 1.0}, "no_monitor": True,
+                                                            "include_log_monitor": False, "include_dashboard": False})
     ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
     try:
         group, options = rank_placement("cuda", 3, timeout_s=60.0)
@@ -38,7 +41,7 @@ def test_gpu_ranks_are_one_packed_placement_group_reserved_all_at_once() -> None
         ray.util.remove_placement_group(group)
 
         with pytest.raises(PlacementTimeout) as caught:
-            rank_placement("cuda", 4, timeout_s=2.0)  # three GPUs asked of a cluster with two
+            rank_placement("cuda", 4, timeout_s=1.0)  # three GPUs asked of a cluster with two: never placed
         line = str(caught.value)
         assert "\n" not in line and line.startswith("trainer ranks 1..3") and "trainer.devices" in line
         assert all(entry["state"] == "REMOVED" for entry in placement_group_table().values())  # none left waiting
