@@ -33,9 +33,9 @@ def _policy_config(folder: Path, family: str) -> DiffusersPolicyConfig:
                                  dtype="float32", lora_rank=4)
 
 
-def _real_forward_flops(folder: Path, family: str, batch: int) -> tuple[float, int]:
-    """(FLOPs, text tokens) of one conditional forward of the loaded policy on ``batch`` copies of PROMPT."""
-    policy = policy_from_config(_policy_config(folder, family)).eval()
+def _real_forward_flops(policy: torch.nn.Module, folder: Path, batch: int) -> tuple[float, int]:
+    """(FLOPs, text tokens) of one conditional forward of the loaded ``policy`` on ``batch`` copies of PROMPT."""
+    policy.eval()
     rows = policy.tokenize([PROMPT] * batch, guided=False)
     tokens = policy.prompts.embeddings(rows[:, 0]).embeds.shape[1]
     height, width = read_pipeline_folder(folder).latent_size(RESOLUTION)
@@ -48,15 +48,16 @@ def _real_forward_flops(folder: Path, family: str, batch: int) -> tuple[float, i
 @pytest.mark.parametrize("family", ["sd3", "flux", "qwen-image"])
 def test_meta_count_is_within_5_percent_of_torchs_counter_on_real_weights(family: str, tiny_pipeline) -> None:
     folder = tiny_pipeline(family)
-    real, real_tokens = _real_forward_flops(folder, family, batch=2)
+    config = _policy_config(folder, family)
+    policy = policy_from_config(config)
+    real, real_tokens = _real_forward_flops(policy, folder, batch=2)
     pipeline = read_pipeline_folder(folder)
     prompt_tokens = real_tokens - 5 if family == "qwen-image" else 0  # Qwen-Image: the prompt's own length
     tokens = text_tokens(pipeline, None, prompt_tokens)
     assert tokens == real_tokens  # the padding rule each family's pipeline applies
-    config = _policy_config(folder, family)
     counted = count_forward_flops(pipeline, RESOLUTION, tokens, batch=2, lora=(4, config.target_modules))
     assert counted.flops == pytest.approx(real, rel=0.05)
-    transformer = policy_from_config(config).transformer
+    transformer = policy.transformer  # the loaded policy's own parameters (a forward changes none)
     assert counted.lora_parameters == sum(p.numel() for name, p in transformer.named_parameters() if ".lora_" in name)
     assert counted.parameters == sum(p.numel() for name, p in transformer.named_parameters() if ".lora_" not in name)
 
