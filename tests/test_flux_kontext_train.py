@@ -92,6 +92,7 @@ def test_spotlight_mode_trains_kontext_edits(tiny_pipeline, tmp_path: Path) -> N
 
     config = settings(tiny_pipeline("flux-kontext"), tmp_path / "run")
     config.update(mode="spotlight", explore={"monitor_prompts": 1})
+    config["eval"]["every"] = ITERATIONS  # the first and the last validation: what the rise is read from
     config["runtime"] = {"trace": None, "max_wall_s": None, "explore_wait_s": 120.0, "node_timeout_s": 240.0,
                          "planner": {"num_candidates": [8], "num_steps": [2]}}
     summary = train(parse_config(TrainConfig, config))

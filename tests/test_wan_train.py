@@ -40,6 +40,7 @@ def settings(folder: Path, run_dir: Path, mode: str = "vanilla") -> dict[str, An
                  "prompts": 2},
     }
     if mode == "spotlight":
+        config["eval"]["every"] = ITERATIONS  # the first and the last validation: what the reward is read from
         config["explore"] = {"monitor_prompts": 1}
         config["runtime"] = {"trace": None, "max_wall_s": None, "explore_wait_s": 120.0, "node_timeout_s": 240.0,
                              "planner": {"num_candidates": [4], "num_steps": [2]}}
