@@ -77,7 +77,7 @@ def spot_cluster(spotlight_run) -> Iterator[tuple[LocalCluster, str]]:
     """(cluster, node id): a local cluster with one spot node, ``node0``, offering one logical GPU.
 
     Started after the spotlight run (a run starts a cluster of its own, and a process holds one at a time).
-    The rebuild test frees node0's CPU and the head's on_demand slot for the GPU test, which holds node0's GPU.
+    The rebuild test frees node0's CPU for the GPU test, whose device then holds node0's GPU.
     """
     cluster = LocalCluster(node_timeout_s=240.0, spot_gpus=1)
     try:
@@ -111,7 +111,7 @@ def test_spotlight_mode_trains_a_pipeline_folder_and_a_spot_device_rebuilds_it(s
             local = generate(policy.eval(), prompts, seeds, plan)
         assert torch.equal(remote[0], local.latents)  # same folder, same prompt ids, same LoRA: the same bits
     finally:
-        ray.kill(device)  # node0's CPU and the on_demand slot, free for the next test
+        ray.kill(device)  # node0's CPU, free for the next test's device
         ray.kill(queue)
 
 
