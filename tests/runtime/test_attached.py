@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import ray
+from local_ray_node import LEAN_HEAD  # nothing autoscales this cluster: no monitor processes
 from metadata_services import AwsImdsPerNode, FakeMetadata, iso
 
 from spotlight.config import TrainConfig, parse_config
@@ -26,9 +27,6 @@ NODE_START_S = 240.0  # a bound for failing, not a wait: a node is used as soon 
 # once; one of a live node that is slow fails only at `health_check_timeout_ms` (10 s, kept), so checking
 # every 0.2 s finds B dead in ~1 s and still needs a live node to stall for 50 s to be taken for dead.
 HEALTH_CHECKS = {"health_check_period_ms": 200}
-# Nothing autoscales this cluster and the driver takes no worker output: the head goes without Ray's
-# autoscaler monitor and log monitor (two Python processes fewer), as `LocalCluster`'s head does.
-LEAN_HEAD = {"no_monitor": True, "include_log_monitor": False}
 
 
 def attach_config(base: Path, run_dir: Path, address: str, metadata_url: str) -> TrainConfig:

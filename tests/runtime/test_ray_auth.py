@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import ray
+from local_ray_node import LEAN_HEAD  # nothing autoscales these clusters: no monitor processes
 
 from spotlight.runtime.spot import ray_auth
 from spotlight.runtime.spot.pools import LocalCluster, PoolError, attach_cluster
@@ -145,7 +146,7 @@ def cluster_without_auth(own_auth_env: pytest.MonkeyPatch) -> Iterator[str]:
     ray_auth._reload_ray_auth()
     cluster = Cluster()
     start_node(cluster, NODE_START_S, "head", num_cpus=1, resources={"on_demand": 1, "spot": 1},
-               include_dashboard=False, object_store_memory=200 << 20)
+               include_dashboard=False, object_store_memory=200 << 20, **LEAN_HEAD)
     own_auth_env.delenv("RAY_AUTH_MODE")  # the driver's environment says nothing: Ray's default
     ray_auth._reload_ray_auth()
     try:
@@ -176,7 +177,7 @@ def cluster_with_auth(own_auth_env: pytest.MonkeyPatch) -> Iterator[tuple[str, s
     ray_auth._reload_ray_auth()
     cluster = Cluster()
     start_node(cluster, NODE_START_S, "head", num_cpus=1, resources={"on_demand": 1, "spot": 1},
-               include_dashboard=False, object_store_memory=200 << 20)
+               include_dashboard=False, object_store_memory=200 << 20, **LEAN_HEAD)
     try:
         yield cluster.address, token
     finally:
