@@ -51,7 +51,9 @@ def test_a_rank_out_of_gpu_memory_ends_the_run_in_the_one_out_of_memory_line(tin
     config = parse_config(TrainConfig, {
         "mode": "vanilla", "base_checkpoint": str(tiny_base_model), "run_dir": str(tmp_path / "run"),
         "iterations": 1, "trainer": {"devices": 2}, "runtime": {"node_timeout_s": 600},
-        "rollout": {"prompts_per_iteration": 2, "group_size": 2, "num_steps": 2}})
+        "rollout": {"prompts_per_iteration": 2, "group_size": 2, "num_steps": 2},
+        # the validation before the first rollout, small: the default samples every prompt 20 times in 10 steps
+        "eval": {"prompts": 2, "seeds_per_prompt": 1, "num_steps": 2, "grid_prompts": 1, "raw_model": False}})
     with pytest.raises(RunError) as caught:
         train(config, reward=OutOfMemoryOffTheDriver())
     line = str(caught.value)
