@@ -1,8 +1,9 @@
 """Mode disaggregated through the one training loop, on the Ray runtime (generator actors, unit queue).
 
-The module's fixture runs five short trainings in this process, on one Ray cluster it lends them (each
-run starts only its own queue and generator actors): TinyDiT with GAP, the one-shot fallback, TAG and
-one-step async, and sd3-tiny-lora with LoRA. The tests read what the runs wrote: final weights, metrics
+The module's fixture runs five short trainings in this process, on one Ray cluster it lends them, which
+keeps the queue and generator actors from one run to the next (a generator rebuilds the run's policy; one
+killed between runs is replaced): TinyDiT with GAP, the one-shot fallback, TAG and one-step async, and
+sd3-tiny-lora with LoRA. The tests read what the runs wrote: final weights, metrics
 and the per-sample log (step, id, version, per-step versions, device). The same samples are drawn in the
 GAP, one-shot and TAG runs (a sample is a pure function of weights, prompt and seed), so their
 updates must agree.
@@ -18,6 +19,7 @@ import ray
 import torch
 from safetensors.torch import load_file
 
+from spotlight.backends import disaggregated
 from spotlight.config import TrainConfig, load_config
 from spotlight.runtime.spot.pools import LocalCluster
 from spotlight.trainer import train
@@ -40,11 +42,17 @@ RUNS = {
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
-    """The five runs, in this process (no interpreter or import to pay again), on one lent cluster."""
+    """The five runs, in this process (no interpreter or import to pay again), on one lent cluster whose actors
+    the runs reuse."""
     root = tmp_path_factory.mktemp("disaggregated")
     cluster = LocalCluster()
     try:
         for name, (config, overrides) in RUNS.items():
+            if name == "async":  # a kept generator that died since is replaced, not reused
+                kept = [actor for key, actor in disaggregated._IDLE_ACTORS.items() if key[1].startswith("generator")]
+                assert kept
+                for actor in kept:
+                    ray.kill(actor)
             train(load_config(TrainConfig, None if config is None else str(REPO / config),
                               [*BASE, *overrides, f"run_dir={root / name}"]))
     finally:

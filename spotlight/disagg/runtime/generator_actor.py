@@ -85,6 +85,13 @@ class GeneratorDevice:
     def ready(self) -> str:
         return self.name
 
+    def configure(self, name: str, policy_config: Any, reward: Reward) -> str:
+        """Serve another run (a lent cluster keeps its generators between runs): its name, policy and reward;
+        the policy is built afresh from the run's first weights."""
+        self.name, self.policy_config, self.reward = name, policy_config, reward
+        self.model, self.version = None, None
+        return name
+
     def _load(self, version: int, weights_ref: Any) -> None:
         weights = ray.get(weights_ref)
         if self.model is None:
@@ -99,6 +106,7 @@ class GeneratorDevice:
         while True:
             item = ray.get(queue.pull.remote(self.name, PULL_WAIT_S))
             if item == "stop":
+                self.model, self.version = None, None  # an idle generator kept for the next run holds no policy
                 return {"busy_s": busy_s}
             if item is None:
                 continue

@@ -55,6 +55,16 @@ class UnitQueue:
         self._closed = False
         self._changed = threading.Condition()
 
+    def reopen(self, gate: VersionGate) -> None:
+        """Empty and open again for another run under ``gate`` (a lent cluster keeps its queue between runs)."""
+        with self._changed:
+            self.gate = gate
+            self._weights.clear()
+            self._tasks.clear()
+            self._results.clear()
+            self._busy_since.clear()
+            self._closed = False
+
     def publish(self, version: int, weights: list[Any]) -> None:
         """θ_version is out (``weights``: a one-element list, so Ray keeps the ref a ref); older versions go."""
         with self._changed:
