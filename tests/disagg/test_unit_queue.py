@@ -51,3 +51,26 @@ def test_exploration_runs_only_when_no_unit_may_start_and_tag_takes_unstarted_un
     assert state["results"] == [{"kind": "rollout"}] and state["unstarted"] == {}
     queue.close()
     assert queue.pull("g", 0.0) == "stop"
+
+
+def test_a_closed_queue_reopened_for_the_next_run_holds_nothing_of_the_last_and_serves_again():
+    """A lent cluster keeps its queue actor between runs: reopened, it forgets the last run's weights, units,
+    results and busy generators, and serves under the new run's gate."""
+    queue = UnitQueue(VersionGate(async_one_step=True))
+    queue.publish(0, ["w0"])
+    queue.submit(units(0, 1) + units(1, 2))
+    queue.pull("k", 0.0)  # k is busy
+    queue.push("h", {"kind": "rollout"})
+    queue.close()
+    assert queue.pull("g", 0.0) == "stop"
+
+    queue.reopen(VersionGate(async_one_step=False))
+    state = queue.results(0.0)
+    assert (state["results"], state["unstarted"], state["busy_since"]) == ([], {}, {})
+    assert queue.pull("g", 0.0) is None  # open again, with nothing published or queued
+    queue.submit(units(1, 1))
+    queue.publish(0, ["v0"])
+    assert queue.pull("g", 0.0) is None  # strictly on-policy now: step 1's unit waits for θ_1
+    queue.publish(1, ["v1"])
+    task, version, weights = queue.pull("g", 0.0)
+    assert (task.step, version, weights) == (1, 1, ["v1"])
