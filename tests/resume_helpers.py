@@ -66,11 +66,13 @@ def _tail(log: Path) -> str:
     return log.read_text(errors="replace")[-TAIL:] if log.is_file() else "(no stderr)"
 
 
-def kill_after_first_checkpoint_and_resume(config_file: Path, run_dir: Path, iterations: int) -> TrainingState:
+def kill_after_first_checkpoint_and_resume(config_file: Path, run_dir: Path, iterations: int,
+                                           resume_here: bool = False) -> TrainingState:
     """Run ``config_file`` (whose ``run_dir`` is ``run_dir``) until its first checkpoint, SIGKILL its process
     tree, then ``--resume`` it to exit 0; returns the training state of the checkpoint it was killed after.
 
     That checkpoint must be mid-run (before ``iterations``): one at the end would resume nothing.
+    ``resume_here``: the resume runs in this process (`resume_in_this_process`), not in one of its own.
     """
     killed_log, resumed_log = (config_file.with_name(f"{config_file.stem}.{name}.stderr")
                                for name in ("killed", "resumed"))
@@ -90,6 +92,9 @@ def kill_after_first_checkpoint_and_resume(config_file: Path, run_dir: Path, ite
     assert state.iteration < iterations, (f"the first checkpoint, {checkpoint.name}, is the run's last: nothing "
                                           f"was left to resume (make iterations > checkpoint_every)")
 
+    if resume_here:
+        resume_in_this_process(["train", "-c", str(config_file), "--resume"])
+        return state
     with resumed_log.open("w") as stderr:
         resumed = spotlight_train(config_file, "--resume", stderr=stderr)
     try:
@@ -101,6 +106,22 @@ def kill_after_first_checkpoint_and_resume(config_file: Path, run_dir: Path, ite
     outcome = f"ran past {RESUME_S:.0f} s" if code is None else f"exited {code}"
     assert code == 0, f"--resume from {checkpoint.name} {outcome}:\n{_tail(resumed_log)}"
     return state
+
+
+def resume_in_this_process(args: list[str]) -> None:
+    """``spotlight <args>`` (a ``train ... --resume``) in this process, through the CLI's own entry point, to exit 0.
+
+    The resumed run is not the one signalled or killed, so it need not pay a fresh interpreter's imports
+    (torch, Ray, the trackers' libraries); the test process has them already. ``paced_reward`` pauses only
+    where PACE_S is set, which the test process never is.
+    """
+    from typer.testing import CliRunner
+
+    from spotlight.cli import app
+
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, (f"spotlight {' '.join(args)} exited {result.exit_code}:\n{result.output[-TAIL:]}"
+                                   f"{'' if result.exception is None else repr(result.exception)}")
 
 
 def metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -173,7 +194,8 @@ def assert_ended(processes: list[psutil.Process]) -> None:
 def stop_mid_iteration_and_resume(config_file: Path, run_dir: Path, pace_s: float) -> None:
     """SIGTERM ``spotlight train -c config_file`` (``run_dir``; reward ``paced_reward:paced``, three or more
     iterations, no periodic checkpoint before the end) once iteration 1 is logged, so that iteration 2 is running
-    (its reward calls pause ``pace_s`` seconds), then run the ``--resume`` command it printed to exit 0.
+    (its reward calls pause ``pace_s`` seconds), then run the ``--resume`` command it printed to exit 0 (in this
+    process: `resume_in_this_process`).
 
     The stop must exit 143 with one line naming the checkpoint of the iteration in progress (or, had it started
     late, of the one before), its iteration and the command; the metrics up to it, nothing lost, nothing extra;
@@ -197,9 +219,7 @@ def stop_mid_iteration_and_resume(config_file: Path, run_dir: Path, pace_s: floa
 
     command = shlex.split(line.split("continue with: ")[1])
     assert command[0] == "spotlight" and command[-1] == "--resume"
-    resumed = spotlight(command[1:], pace_s=0.0)
-    _, stderr = resumed.communicate(timeout=RESUME_S)
-    assert resumed.returncode == 0, stderr[-TAIL:]
+    resume_in_this_process(command[1:])  # the printed command's arguments, to the same CLI
 
 
 def records(run_dir: Path) -> list[dict[str, Any]]:

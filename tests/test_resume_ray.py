@@ -1,7 +1,8 @@
 """A spotlight run on the Ray runtime stopped mid-run, by SIGKILL or by SIGTERM, resumes to the uninterrupted result.
 
 A 3-iteration spotlight run (one spot device, no preemptions, one planner arm, rounds run whole) is stopped
-and finished with ``spotlight train --resume``; both tests compare the result with one uninterrupted run of
+and finished with ``spotlight train --resume`` (run in the test process: the stopped driver is the real process
+under test); both tests compare the result with one uninterrupted run of
 the same settings (`uninterrupted`, shared: checkpoints are writes, not decisions, so how often it writes
 them does not change it):
 
@@ -32,7 +33,7 @@ from spotlight.trainer import train
 
 ITERATIONS = 3
 DETERMINISTIC = ("rollout/", "train/", "explore/", "staleness/", "planner/num_")  # the rest are timings and bills
-PACE_S = 0.6  # each reward call's pause in the run that gets SIGTERM: iteration 2 is still running
+PACE_S = 0.3  # each reward call's pause in the run that gets SIGTERM: iteration 2 is still running
 
 
 def settings(run_dir: Path, checkpoint_every: int = 100) -> dict[str, Any]:
@@ -69,7 +70,7 @@ def test_a_spotlight_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_
     killed_dir = tmp_path / "killed"
     config_file = tmp_path / "config.yaml"
     config_file.write_text(yaml.safe_dump(settings(killed_dir, checkpoint_every=1)))  # a checkpoint mid-run
-    state = kill_after_first_checkpoint_and_resume(config_file, killed_dir, ITERATIONS)
+    state = kill_after_first_checkpoint_and_resume(config_file, killed_dir, ITERATIONS, resume_here=True)
     assert state.extra["backend"]["explored"]["target"] == state.iteration  # the next seeds, kept
 
     assert_resumed_to_the_uninterrupted_result(killed_dir, uninterrupted, DETERMINISTIC)

@@ -34,7 +34,7 @@ from spotlight.trainer import train
 
 ITERATIONS = 3
 DETERMINISTIC = ("rollout/", "train/", "explore/", "staleness/", "planner/num_")  # the rest are timings and bills
-PACE_S = 0.6  # each reward call's pause in the run that gets the signal: iteration 2 is still running
+PACE_S = 0.3  # each reward call's pause in the run that gets the signal: iteration 2 is still running
 
 
 def settings(run_dir: Path) -> dict[str, Any]:
