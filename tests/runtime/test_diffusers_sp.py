@@ -91,7 +91,8 @@ def _spawned_rank(rank: int, store_path: str, out_dir: str) -> None:
 def rank_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     """Spawn the two gloo ranks once for the module; returns each rank's saved results."""
     folder = tmp_path_factory.mktemp("diffusers_sp")
-    run_ranks(_spawned_rank, (str(folder / "store"), str(folder)), WORLD, timeout_s=180)
+    run_ranks(_spawned_rank, (str(folder / "store"), str(folder)), WORLD, timeout_s=180,
+              preload=("peft", "diffusers.models.transformers"))
     return [torch.load(folder / f"rank{rank}.pt") for rank in range(WORLD)]
 
 

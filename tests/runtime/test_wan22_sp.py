@@ -72,7 +72,8 @@ def _spawned_rank(rank: int, folder: str, store_path: str, out_dir: str) -> None
 def test_sp2_over_two_experts_equals_one_device(tiny_pipeline, tmp_path: Path) -> None:
     folder = str(tiny_pipeline("wan22"))
     check_sp_policy(config_of(folder), 2)  # the folder's heads and 3 x 8 x 8 video tokens take degree 2
-    run_ranks(_spawned_rank, (folder, str(tmp_path / "store"), str(tmp_path)), WORLD, timeout_s=180)
+    run_ranks(_spawned_rank, (folder, str(tmp_path / "store"), str(tmp_path)), WORLD, timeout_s=180,
+              preload=("peft", "diffusers.models.transformers", "diffusers.models.autoencoders"))
     torch.set_num_threads(1)
     expected, expected_grads = forward_backward(*make_case(folder))
     assert {name.split(".")[2] for name in expected_grads} == {"0", "1"}  # both experts' LoRA got a gradient

@@ -91,7 +91,8 @@ def wan_folder(tiny_pipeline) -> Path:
 def rank_results(wan_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     """Spawn the two gloo ranks once for the module; returns each rank's saved results."""
     out = tmp_path_factory.mktemp("wan_sp")
-    run_ranks(_spawned_rank, (str(wan_folder), str(out / "store"), str(out)), WORLD, timeout_s=180)
+    run_ranks(_spawned_rank, (str(wan_folder), str(out / "store"), str(out)), WORLD, timeout_s=180,
+              preload=("peft", "diffusers.models.transformers", "diffusers.models.autoencoders"))
     return [torch.load(out / f"rank{rank}.pt") for rank in range(WORLD)]
 
 
