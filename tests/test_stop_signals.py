@@ -101,11 +101,11 @@ def test_sigterm_in_mode_disaggregated_saves_the_iteration_and_stops_its_generat
     config_file = tmp_path / "config.yaml"
     config_file.write_text(yaml.safe_dump({
         **settings(run_dir), "mode": "disaggregated", "eval": {"every": 100, "seeds_per_prompt": 1,
-                                                               "num_steps": 2, "prompts": 4},
-        "rollout": {"prompts_per_iteration": 3, "group_size": 4, "num_steps": 4},
+                                                               "num_steps": 1, "prompts": 2},
+        "rollout": {"prompts_per_iteration": 3, "group_size": 2, "num_steps": 3},  # 3 groups: 3 paced reward calls
         "train": {"num_minibatches": 1, "num_epochs": 1, "old_policy_decay": 0.0, "nft_kl_beta": 0.0},
         "runtime": {"max_wall_s": None}}))
-    driver = spotlight(["train", "-c", str(config_file)], pace_s=0.5)
+    driver = spotlight(["train", "-c", str(config_file)], pace_s=PACE_S)
     wait_for(driver, lambda: any(record["iteration"] == 1 for record in records(run_dir)))
     started = descendants(driver.pid)  # the Ray head, the generator actors
     driver.send_signal(signal.SIGTERM)
