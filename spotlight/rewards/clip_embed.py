@@ -55,9 +55,9 @@ class CLIP:
 def load_clip(folder: str | None, field: str, example: str, device: str = "cpu",
               processor_folder: str | None = None) -> CLIP:
     """The CLIPModel in `folder` with the processor in `processor_folder` (default: the same folder)."""
+    path = check_model_folder(folder, field, ("clip",), example)  # before transformers: a bad folder fails at once
     from transformers import AutoProcessor, CLIPModel
 
-    path = check_model_folder(folder, field, ("clip",), example)
     processor_path = path if processor_folder is None else processor_folder
     try:
         processor = AutoProcessor.from_pretrained(processor_path)

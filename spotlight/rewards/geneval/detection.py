@@ -49,10 +49,10 @@ class Mask2FormerDetector:
     @classmethod
     def from_pretrained(cls, folder: str | None, device: str = "cpu") -> Mask2FormerDetector:
         """The detector in `folder`; RewardError in one line if it is missing or not a Mask2Former."""
+        path = check_model_folder(folder, "reward.models.detector", ("mask2former",),
+                                  "facebook/mask2former-swin-small-coco-instance")  # before transformers: seconds
         from transformers import AutoImageProcessor, Mask2FormerForUniversalSegmentation
 
-        path = check_model_folder(folder, "reward.models.detector", ("mask2former",),
-                                  "facebook/mask2former-swin-small-coco-instance")
         return cls(Mask2FormerForUniversalSegmentation.from_pretrained(path),
                    AutoImageProcessor.from_pretrained(path), device)
 
