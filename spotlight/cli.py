@@ -170,7 +170,6 @@ def train(
         run_memory_estimate,
         with_estimated_micro_batch,
     )
-    from spotlight.trainer import train as run_train
 
     estimate = run_memory_estimate(cfg)  # a pipeline folder's needs, read before any weight loads
     if estimate is not None and cfg.device != "cpu":  # where memory runs out; on the CPU it goes to the log
@@ -184,6 +183,8 @@ def train(
     from spotlight.components.run_dir import ensure_run_dir
 
     run_log = ensure_run_dir(Path(cfg.run_dir)) / RUN_LOG_NAME  # a run_dir that cannot be used: one line
+    from spotlight.trainer import train as run_train  # torch and the loop (seconds): after the cheap checks
+
     if isinstance(ctx.obj, CommandState):
         ctx.obj.run_log = run_log
     with ExitStack() as stack:
