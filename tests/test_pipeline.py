@@ -65,10 +65,24 @@ class BrightnessReward:
         return RewardOutput(rewards, rewards > 0.5, torch.ones(len(prompts), dtype=torch.bool))
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_base_model, tmp_path_factory):
+    """``uninterrupted(algorithm)``: the history of one straight 2-iteration run of the tiny config, run once per
+    algorithm and shared by the determinism and the resume tests (each compares a second run against it)."""
+    histories: dict[str, list[dict]] = {}
+
+    def history(algorithm: str) -> list[dict]:
+        if algorithm not in histories:
+            config = tiny_config(tiny_base_model, tmp_path_factory.mktemp(algorithm), train__algorithm=algorithm)
+            histories[algorithm] = train(config, reward=BrightnessReward()).history
+        return histories[algorithm]
+
+    return history
+
+
 @pytest.mark.parametrize("algorithm", ["nft", "flow-grpo"])
-def test_same_config_and_seed_give_the_same_numbers(tiny_base_model, tmp_path, algorithm):
-    first = train(tiny_config(tiny_base_model, tmp_path / "a", train__algorithm=algorithm),
-                  reward=BrightnessReward()).history
+def test_same_config_and_seed_give_the_same_numbers(tiny_base_model, tmp_path, algorithm, uninterrupted):
+    first = uninterrupted(algorithm)
     second = train(tiny_config(tiny_base_model, tmp_path / "b", train__algorithm=algorithm),
                    reward=BrightnessReward()).history
     keys = ["rollout/reward_mean", "train/loss", "train/grad_norm", "val/reward", "val_raw/reward"]
@@ -78,15 +92,16 @@ def test_same_config_and_seed_give_the_same_numbers(tiny_base_model, tmp_path, a
 
 
 @pytest.mark.parametrize("algorithm", ["nft", "flow-grpo"])
-def test_resume_continues_with_the_numbers_of_an_uninterrupted_run(tiny_base_model, tmp_path, algorithm):
+def test_resume_continues_with_the_numbers_of_an_uninterrupted_run(tiny_base_model, tmp_path, algorithm,
+                                                                   uninterrupted):
     def run(name: str, iterations: int, resume: bool = False) -> list[dict]:
         config = tiny_config(tiny_base_model, tmp_path / name, iterations=iterations, train__algorithm=algorithm)
         return train(config, resume=resume, reward=BrightnessReward()).history
 
-    straight = run("straight", 3)
-    run("resumed", 2)
-    resumed = run("resumed", 3, resume=True)
-    assert [r["iteration"] for r in resumed] == [0, 1, 2, 3]
+    straight = uninterrupted(algorithm)  # 2 iterations; the resumed run stops after 1 and resumes to 2
+    run("resumed", 1)
+    resumed = run("resumed", 2, resume=True)
+    assert [r["iteration"] for r in resumed] == [0, 1, 2]
     assert resumed[-1]["train/loss"] == straight[-1]["train/loss"]
     assert resumed[-1]["val/reward"] == straight[-1]["val/reward"]
 
