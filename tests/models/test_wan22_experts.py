@@ -279,7 +279,8 @@ def test_the_memory_estimate_and_plan_hold_both_experts(folder: Path, tiny_pipel
 
     def workload(path: Path) -> dict:
         result = CliRunner().invoke(app, ["plan", "1", "--json", "-s", f"model.pretrained={path}",
-                                          "-s", "rollout.resolution=[32,32]", "-s", f"rollout.num_frames={FRAMES}"])
+                                          "-s", "rollout.resolution=[32,32]", "-s", f"rollout.num_frames={FRAMES}",
+                                          "-s", "convergence.vanilla_iterations=20"])  # short sims: workload read
         assert result.exit_code == 0, result.output
         return json.loads(result.output[result.output.index("{"):])["workload"]
 
