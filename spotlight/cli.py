@@ -454,8 +454,14 @@ def make_tiny_pipeline(
 
 
 def main() -> None:
-    """``python -m spotlight`` (and ``python -m spotlight.cli``): the ``spotlight`` command."""
-    app(prog_name="spotlight")
+    """The ``spotlight`` command (the console script, ``python -m spotlight`` and ``python -m spotlight.cli``).
+
+    The process ends once the command is done, without the interpreter's finalization
+    (`spotlight.components.process_exit`: 1-3 s of wall after every command otherwise).
+    """
+    from spotlight.components.process_exit import exit_after
+
+    exit_after(lambda: app(prog_name="spotlight"))
 
 
 if __name__ == "__main__":
