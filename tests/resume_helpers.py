@@ -3,14 +3,15 @@ the same result"), written once.
 
 `kill_after_first_checkpoint_and_resume` starts ``spotlight train`` in a process of its own, SIGKILLs it
 and everything it started (Ray nodes, workers, ranks) once its first checkpoint is on disk, as a lost machine
-would, and finishes the run with ``--resume``. `assert_resumed_to_the_uninterrupted_result` then compares it
+would, and finishes the run with ``--resume`` (in a process of its own; with ``resume_here``, in the test process:
+`resume_in_this_process`). `assert_resumed_to_the_uninterrupted_result` then compares it
 with an uninterrupted run of the same config: the metrics that do not measure time, and the final weights,
 bit for bit. The drivers' stderr goes to files beside the config (a pipe nobody reads fills and blocks a
 talkative driver), and every failure shows its tail.
 
 `stop_mid_iteration_and_resume` is the SIGTERM counterpart (the stop tests of every mode): the run gets SIGTERM
 while its second iteration runs, must save it, stop every process it started and print one line with the
-``--resume`` command, and that command, run as printed, must finish the run.
+``--resume`` command, and that command's arguments, given to the same CLI in the test process, must finish the run.
 """
 
 from __future__ import annotations
