@@ -2,9 +2,8 @@
 
 A 3-iteration spotlight run (one spot device, no preemptions, one planner arm, rounds run whole) is stopped
 and finished with ``spotlight train --resume`` (run in the test process: the stopped driver is the real process
-under test); both tests compare the result with one uninterrupted run of
-the same settings (`uninterrupted`, shared: checkpoints are writes, not decisions, so how often it writes
-them does not change it):
+under test); both tests compare the result with one uninterrupted run of the same settings (`uninterrupted`,
+shared: checkpoints are writes, not decisions, so how often a run writes them does not change it):
 
 - SIGKILL, of the driver and every process it started, once a checkpoint is on disk and before the last one.
   The checkpoint carries the backend's state (the seeds the closed round chose for the next iteration, the

@@ -4,10 +4,11 @@ exactly.
 A real ``spotlight train`` process (mode vanilla here; mode spotlight on a local Ray cluster in
 tests/test_resume_ray.py, beside the SIGKILL test it shares its uninterrupted run with) gets SIGTERM while
 iteration 2 of 3 runs (its reward pauses, so the iteration is still running). It must exit 143 with one line
-naming the checkpoint, its iteration and the ``--resume`` command; the command on that line, run as printed,
-must end with the weights and per-iteration metrics of an uninterrupted run; no process the driver started may
-outlive it (`resume_helpers.stop_mid_iteration_and_resume`). Mode disaggregated stops the same way, and a stop
-whose iteration outlasts the grace abandons it.
+naming the checkpoint, its iteration and the ``--resume`` command; the command on that line (its arguments to
+the same CLI, in the test process: the signalled driver is the real process under test) must end with the
+weights and per-iteration metrics of an uninterrupted run; no process the driver started may outlive it
+(`resume_helpers.stop_mid_iteration_and_resume`). Mode disaggregated stops the same way, and a stop whose
+iteration outlasts the grace abandons it.
 """
 
 from __future__ import annotations
