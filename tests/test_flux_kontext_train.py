@@ -112,6 +112,6 @@ def test_a_kontext_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_re
     killed_dir = tmp_path / "killed"
     config_file = tmp_path / "config.yaml"
     config_file.write_text(yaml.safe_dump(settings(tiny_pipeline("flux-kontext"), killed_dir)))
-    kill_after_first_checkpoint_and_resume(config_file, killed_dir, ITERATIONS)
+    kill_after_first_checkpoint_and_resume(config_file, killed_dir, ITERATIONS, resume_here=True)
     assert [record["iteration"] for record in metrics(killed_dir)] == list(range(ITERATIONS + 1))
     assert_resumed_to_the_uninterrupted_result(killed_dir, vanilla_run, DETERMINISTIC)

@@ -43,7 +43,7 @@ def test_a_wan22_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_resu
     killed_dir, clean_dir = tmp_path / "killed", tmp_path / "clean"
     config_file = tmp_path / "config.yaml"
     config_file.write_text(yaml.safe_dump(two_expert_settings(folder, killed_dir)))
-    kill_after_first_checkpoint_and_resume(config_file, killed_dir, ITERATIONS)
+    kill_after_first_checkpoint_and_resume(config_file, killed_dir, ITERATIONS, resume_here=True)
     train(parse_config(TrainConfig, two_expert_settings(folder, clean_dir)))
 
     assert [record["iteration"] for record in metrics(killed_dir)] == list(range(ITERATIONS + 1))
