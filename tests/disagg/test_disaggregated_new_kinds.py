@@ -1,16 +1,18 @@
-"""Mode disaggregated on the issue-45 kinds: Wan2.1 text-to-video, FLUX.1 Kontext and Qwen-Image-Edit edits.
+"""Mode disaggregated on the issue-45 kinds: Wan2.1 text-to-video, Wan2.2's two experts, FLUX.1 Kontext,
+Qwen-Image-Edit and Qwen-Image-Edit-2509 edits.
 
 Each kind's tiny random pipeline folder trains two steps with one generator device (a Ray actor that
 rebuilds the policy from the folder, draws the units and scores them with the run's reward) and the
 trainer's update (GAP, timestep packing) on the driver. The smallest run that still crosses every
 process boundary: one prompt (an edit row: instruction and source image), a group of 2 (one unit),
-2 denoising steps, 16 x 16 (5 frames for Wan).
+2 denoising steps, 16 x 16 (5 frames for Wan). Wan2.2 takes 4 steps and 4 NFT noise levels
+(tests/test_wan22_train.py), so that both experts draw and both are trained.
 
 What a broken kind would show: a generator that cannot rebuild or score it stops the run
 (`RunError`); one that rebuilds it without its conditioning (the row's source image, the video's
 frames, the guidance) draws other samples than the vanilla loop does from the same weights, prompt
 and seed, so step 0's rewards differ; an update that does not reach the weights leaves the LoRA's
-``lora_B`` at its zero init (ΔW = BA = 0) or a zero gradient norm.
+``lora_B`` at its zero init (ΔW = BA = 0) or a zero gradient norm (Wan2.2: each expert's LoRA file).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import ray
 from safetensors.torch import load_file
 
 from spotlight.config import TrainConfig, parse_config
+from spotlight.models.video.two_experts_policy import LOW_NOISE_LORA_FILE
 from spotlight.runtime.spot.pools import LocalCluster
 from spotlight.trainer import train
 
@@ -39,6 +42,11 @@ KINDS: dict[str, dict[str, Any]] = {  # each kind's settings of its own end-to-e
                      "rollout": {"guidance_scale": 2.5}, "reward": {"name": "edit-preserve"}},
     "qwen-image-edit": {"data": {"dataset": "shapes-edit"}, "rollout": {"guidance_scale": 1.0},
                         "reward": {"name": "edit-preserve"}},
+    # Wan2.2 A14B: timesteps 1000 | 858, 602, 9 and an eighth of the noise levels reach the high-noise expert
+    "wan22": {"model": {"max_sequence_length": 32}, "rollout": {"num_frames": 5, "guidance_scale": 2.0, "num_steps": 4},
+              "train": {"nft_timesteps": 4}, "reward": {"name": "video_reward:brightness"}},
+    "qwen-image-edit-plus": {"data": {"dataset": "shapes-edit"}, "rollout": {"guidance_scale": 1.0},
+                             "reward": {"name": "edit-preserve"}},
 }
 
 
@@ -52,7 +60,7 @@ def settings(kind: str, folder: Path, run_dir: Path, mode: str = "disaggregated"
         "rollout": {"resolution": 16, "prompts_per_iteration": PROMPTS, "group_size": GROUP, "num_steps": 2,
                     "sde_steps": None, **extra["rollout"]},
         "train": {"num_minibatches": 1, "num_epochs": 1, "learning_rate": 0.05, "old_policy_decay": 0.0,
-                  "nft_kl_beta": 0.0},
+                  "nft_kl_beta": 0.0, **extra.get("train", {})},
         "reward": extra["reward"],
         "eval": {"every": 100, "seeds_per_prompt": 1, "num_steps": 2, "grid_prompts": 1, "raw_model": False,
                  "prompts": 1},
@@ -113,7 +121,10 @@ def test_mode_disaggregated_trains_the_kind_on_generator_devices(kind: str, clus
     assert history[1]["rollout/reward_mean"] == pytest.approx(vanilla[1]["rollout/reward_mean"], rel=1e-6, abs=0)
 
     # the checkpoint's LoRA (the file the kind's diffusers pipeline loads) moved off its zero-init lora_B
-    lora = load_file(run_dir / "checkpoints" / f"iter-{ITERATIONS:06d}" / "pytorch_lora_weights.safetensors")
-    lora_b = [tensor for name, tensor in lora.items() if ".lora_B." in name]
-    assert lora_b and all(".lora_" in name for name in lora)
-    assert any(tensor.abs().max() > 0 for tensor in lora_b)
+    checkpoint = run_dir / "checkpoints" / f"iter-{ITERATIONS:06d}"
+    files = ["pytorch_lora_weights.safetensors"] + ([LOW_NOISE_LORA_FILE] if kind == "wan22" else [])
+    for file in files:  # Wan2.2: the high-noise expert's file and the low-noise expert's
+        lora = load_file(checkpoint / file)
+        lora_b = [tensor for name, tensor in lora.items() if ".lora_B." in name]
+        assert lora_b and all(".lora_" in name for name in lora), file
+        assert any(tensor.abs().max() > 0 for tensor in lora_b), file
