@@ -6,8 +6,8 @@ import sys
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from disagg_batches import PLAN, policy, scored_batch, twin
+from gloo_ranks import run_ranks
 from torch.nn.parallel import DistributedDataParallel
 
 from spotlight.disagg.accumulate import LogicalBatchUpdate
@@ -153,9 +153,9 @@ def test_ddp_no_sync_accumulation_with_packing_equals_the_single_process_gradien
     update.finish_gradients()
     reference = gradients(model)
     out = tmp_path / "grads.pt"
-    # forked, not spawned: the ranks start with torch and this module imported (each spawned rank paid an
-    # interpreter and the imports again, most of the test's time); they take one thread before any op
-    mp.start_processes(ddp_rank, args=(str(tmp_path / "store"), str(out)), nprocs=2, join=True, start_method="fork")
+    # from the forkserver (gloo_ranks): the ranks start with torch and this module imported, as forked ones would,
+    # without forking this multi-threaded test process; they take one thread before any op
+    run_ranks(ddp_rank, (str(tmp_path / "store"), str(out)), nprocs=2, timeout_s=240)
     for pack, grads in torch.load(out).items():
         for a, b in zip(grads, reference, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7, msg=f"pack_timesteps={pack}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch.multiprocessing as mp
+from gloo_ranks import run_ranks
 
 SHORT_S = 1.5  # the group's timeout in this test (COLLECTIVE_TIMEOUT_S)
 SLOW_S = 4.0  # how much longer rank 1 takes than rank 0, to write and to reach the next collective
@@ -60,8 +60,7 @@ def rank_main(rank: int, address: str, folder: Path, out: Path) -> None:
 def test_a_slow_shard_write_outlasts_the_collective_timeout_which_stays_short_after(tmp_path: Path) -> None:
     from spotlight.ranks.group import rendezvous_address
 
-    mp.start_processes(rank_main, args=(rendezvous_address("cpu", 2), tmp_path / "ckpt", tmp_path), nprocs=2,
-                       start_method="fork")
+    run_ranks(rank_main, (rendezvous_address("cpu", 2), tmp_path / "ckpt", tmp_path), nprocs=2, timeout_s=240)
     found = [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in range(2)]
     assert found[0][0] == found[1][0] == "saved", found  # rank 0 waited SLOW_S for rank 1's shards
     assert (tmp_path / "ckpt" / "dcp" / ".metadata").is_file()

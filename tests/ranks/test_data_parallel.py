@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo_ranks import run_ranks
 from random_models import TINY_SHAPES_CONFIG, randomised_tinydit
 
 from spotlight.config import TrainSection
@@ -110,7 +110,8 @@ def free_port() -> int:
 def two_rank_updates(tiny_pipeline, tmp_path_factory) -> tuple[dict, dict, Path]:
     folder = tiny_pipeline("sd3")
     out = tmp_path_factory.mktemp("ranks")
-    mp.start_processes(rank_main, args=(2, free_port(), folder, out), nprocs=2, start_method="fork")
+    run_ranks(rank_main, (2, free_port(), folder, out), nprocs=2, timeout_s=240,
+              preload=("peft", "diffusers.models.transformers"))
     return torch.load(out / "rank-0.pt"), torch.load(out / "rank-1.pt"), folder
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
+from gloo_ranks import run_ranks
 
 from spotlight.ranks.data_parallel import data_parallel, sharded
 
@@ -54,7 +54,7 @@ def ddp_rank(rank: int, port: int, out: Path) -> None:
 
 
 def test_ddp_sends_no_buffers_each_rank_keeps_its_constant_tables(tmp_path: Path) -> None:
-    mp.start_processes(ddp_rank, args=(free_port(), tmp_path), nprocs=2, start_method="fork")
+    run_ranks(ddp_rank, (free_port(), tmp_path), nprocs=2, timeout_s=240)
     ranks = [torch.load(tmp_path / f"rank-{rank}.pt") for rank in range(2)]
     assert ranks[1]["table"].tolist() == [1.0] * 4 and ranks[0]["table"].tolist() == [0.0] * 4
     assert ranks[0]["grad"].tolist() == ranks[1]["grad"].tolist() == [4.0] * 4  # still summed: 2 rows x 2 ranks

@@ -1,4 +1,11 @@
-"""Spawn a gloo world of test ranks and wait for them, killing them if a collective hangs."""
+"""Start a gloo world of test ranks and wait for them, killing them if a collective hangs.
+
+Every multi-rank test starts its ranks here, never by forking the test process: a fork of a process with
+threads (Ray's, a reward thread, OpenMP's pool, left by an earlier test in the same xdist worker) can deadlock
+in the child, and a forked child holds the worker's pipe to the xdist controller, so a worker that times out
+leaves the controller waiting on it for ever (seen once: two forked ranks of test_data_parallel deadlocked in
+``state_dict`` and the whole suite hung after the worker's timeout).
+"""
 
 from __future__ import annotations
 
