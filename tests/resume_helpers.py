@@ -29,6 +29,7 @@ from typing import Any
 
 import psutil
 import torch
+import yaml
 
 from spotlight.components.checkpoint import TrainingState, latest_checkpoint, load_model, load_training_state
 
@@ -228,3 +229,17 @@ def records(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "metrics.jsonl"
     lines = path.read_text().splitlines() if path.is_file() else []
     return [json.loads(line) for line in lines if line.strip()]
+
+
+def assert_a_killed_run_resumes_to(config: dict[str, Any], clean_dir: Path, iterations: int,
+                                   prefixes: Iterable[str]) -> Path:
+    """The whole SIGKILL check of one model kind: ``config`` (whose ``run_dir`` is where the killed run goes) is
+    written beside that folder, killed after its first checkpoint, resumed in this process, and must log every
+    iteration and end as ``clean_dir``'s uninterrupted run of the same config did; returns the killed run's folder."""
+    killed_dir = Path(config["run_dir"])
+    config_file = killed_dir.parent / f"{killed_dir.name}.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+    kill_after_first_checkpoint_and_resume(config_file, killed_dir, iterations, resume_here=True)
+    assert [record["iteration"] for record in metrics(killed_dir)] == list(range(iterations + 1))
+    assert_resumed_to_the_uninterrupted_result(killed_dir, clean_dir, prefixes)
+    return killed_dir

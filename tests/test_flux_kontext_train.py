@@ -16,8 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-import yaml
-from resume_helpers import assert_resumed_to_the_uninterrupted_result, kill_after_first_checkpoint_and_resume, metrics
+from resume_helpers import assert_a_killed_run_resumes_to, metrics
 
 from spotlight.components.checkpoint import latest_checkpoint
 from spotlight.config import TrainConfig, parse_config
@@ -109,9 +108,5 @@ def test_a_kontext_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_re
                                                                                       tmp_path: Path) -> None:
     """``spotlight train`` SIGKILLed (with everything it started) once a checkpoint is on disk and before the
     last, then ``--resume``: every iteration's rewards and losses and the final LoRA equal the clean run's."""
-    killed_dir = tmp_path / "killed"
-    config_file = tmp_path / "config.yaml"
-    config_file.write_text(yaml.safe_dump(settings(tiny_pipeline("flux-kontext"), killed_dir)))
-    kill_after_first_checkpoint_and_resume(config_file, killed_dir, ITERATIONS, resume_here=True)
-    assert [record["iteration"] for record in metrics(killed_dir)] == list(range(ITERATIONS + 1))
-    assert_resumed_to_the_uninterrupted_result(killed_dir, vanilla_run, DETERMINISTIC)
+    assert_a_killed_run_resumes_to(settings(tiny_pipeline("flux-kontext"), tmp_path / "killed"), vanilla_run,
+                                   ITERATIONS, DETERMINISTIC)

@@ -20,8 +20,7 @@ from typing import Any
 
 import pytest
 import torch
-import yaml
-from resume_helpers import assert_resumed_to_the_uninterrupted_result, kill_after_first_checkpoint_and_resume, metrics
+from resume_helpers import assert_a_killed_run_resumes_to, metrics
 
 from spotlight.components.checkpoint import latest_checkpoint
 from spotlight.config import TrainConfig, parse_config
@@ -137,12 +136,8 @@ def test_a_qwen_edit_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_
                                                                                        tmp_path: Path) -> None:
     """``spotlight train`` SIGKILLed (with everything it started) once a checkpoint is on disk and before the
     last, then ``--resume``: every iteration's rewards and losses and the final LoRA equal the clean run's."""
-    killed_dir = tmp_path / "killed"
-    config_file = tmp_path / "config.yaml"
-    config_file.write_text(yaml.safe_dump(settings(tiny_pipeline("qwen-image-edit"), killed_dir)))
-    kill_after_first_checkpoint_and_resume(config_file, killed_dir, ITERATIONS)
-    assert [record["iteration"] for record in metrics(killed_dir)] == list(range(ITERATIONS + 1))
-    assert_resumed_to_the_uninterrupted_result(killed_dir, vanilla_run("qwen-image-edit"), DETERMINISTIC)
+    assert_a_killed_run_resumes_to(settings(tiny_pipeline("qwen-image-edit"), tmp_path / "killed"),
+                                   vanilla_run("qwen-image-edit"), ITERATIONS, DETERMINISTIC)
 
 
 def test_the_qwen_edit_recipe_trains_edits_of_the_shipped_edit_set() -> None:

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from resume_helpers import assert_resumed_to_the_uninterrupted_result, kill_after_first_checkpoint_and_resume, metrics
+from resume_helpers import assert_a_killed_run_resumes_to, metrics
 from test_wan_train import DETERMINISTIC, settings
 
 from spotlight.components.checkpoint import latest_checkpoint, load_model
@@ -40,15 +39,11 @@ def two_expert_settings(folder: Path, run_dir: Path) -> dict[str, Any]:
 def test_a_wan22_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_result(tiny_pipeline,
                                                                                     tmp_path: Path) -> None:
     folder = tiny_pipeline("wan22")
-    killed_dir, clean_dir = tmp_path / "killed", tmp_path / "clean"
-    config_file = tmp_path / "config.yaml"
-    config_file.write_text(yaml.safe_dump(two_expert_settings(folder, killed_dir)))
-    kill_after_first_checkpoint_and_resume(config_file, killed_dir, ITERATIONS, resume_here=True)
+    clean_dir = tmp_path / "clean"
     train(parse_config(TrainConfig, two_expert_settings(folder, clean_dir)))
-
-    assert [record["iteration"] for record in metrics(killed_dir)] == list(range(ITERATIONS + 1))
+    killed_dir = assert_a_killed_run_resumes_to(two_expert_settings(folder, tmp_path / "killed"), clean_dir,
+                                                ITERATIONS, DETERMINISTIC)
     assert "val/reward" in metrics(killed_dir)[-1]  # a validation after the resume, compared too
-    assert_resumed_to_the_uninterrupted_result(killed_dir, clean_dir, DETERMINISTIC)
     trained = load_model(latest_checkpoint(clean_dir)).lora_state_dict()
     for index in (0, 1):  # each expert's LoRA B moved off its zero start: the equality covers both experts' training
         assert any(tensor.abs().max() > 0 for name, tensor in trained.items()

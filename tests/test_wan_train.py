@@ -14,9 +14,8 @@ from typing import Any
 
 import pytest
 import torch
-import yaml
 from PIL import Image
-from resume_helpers import assert_resumed_to_the_uninterrupted_result, kill_after_first_checkpoint_and_resume, metrics
+from resume_helpers import assert_a_killed_run_resumes_to, metrics
 
 from spotlight.components.checkpoint import latest_checkpoint
 from spotlight.config import TrainConfig, parse_config
@@ -105,11 +104,8 @@ def test_spotlight_mode_trains_a_wan_folder(tiny_pipeline, tmp_path: Path) -> No
 @pytest.mark.slow
 def test_a_wan_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_result(vanilla_run: Path, tiny_pipeline,
                                                                                   tmp_path: Path) -> None:
-    killed_dir = tmp_path / "killed"
-    config_file = tmp_path / "config.yaml"
-    config_file.write_text(yaml.safe_dump(settings(tiny_pipeline("wan"), killed_dir)))
-    kill_after_first_checkpoint_and_resume(config_file, killed_dir, ITERATIONS, resume_here=True)
-    assert_resumed_to_the_uninterrupted_result(killed_dir, vanilla_run, DETERMINISTIC)
+    assert_a_killed_run_resumes_to(settings(tiny_pipeline("wan"), tmp_path / "killed"), vanilla_run, ITERATIONS,
+                                   DETERMINISTIC)
 
 
 @pytest.mark.slow
